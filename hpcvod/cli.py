@@ -1,0 +1,381 @@
+"""The ``hpcvod`` command.
+
+  hpcvod submit [OPTIONS] SCRIPT [ARGS...]    render a batch script for the site and submit it
+  hpcvod render [OPTIONS] [-o FILE] SCRIPT    write the script without submitting
+  hpcvod status|logs [-f]|cancel JOB          JOB = job id or job folder
+  hpcvod sites list|show NAME|validate FILE...|schema
+  hpcvod run -np N [...] COMMAND...           start ranks here (or on -H hosts), like horovodrun
+  hpcvod doctor                               what MPI, launcher and frameworks this machine has
+
+Exit status: 0 success, 1 the job or the scheduler failed, 2 bad input (one line on stderr, no traceback).
+Nothing here imports MPI or a framework: submitting must stay fast on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hpcvod import __version__
+from hpcvod.sites.errors import UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line (and exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        command = self.prog.removeprefix("hpcvod").strip()
+        raise UserError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
+    p.add_argument("--nodes", "-N", type=int, help="number of nodes (default 1)")
+    p.add_argument("--gpus-per-node", "-G", type=int, help="GPUs per node (default 0); one rank per GPU")
+    p.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or one per CPU slot)")
+    p.add_argument("--cpus-per-task", type=int, help="CPUs per rank (default: the node's CPUs shared among its GPU ranks, else 1)")
+    p.add_argument("--time", "-t", help="walltime, HH:MM:SS, D-HH:MM:SS or minutes (default: the partition's)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--partition", "-p", help="partition (Slurm) or queue (PBS)")
+    group.add_argument("--queue", "-q", dest="partition", help="same as --partition")
+    p.add_argument("--account", "-A", help="account/project to charge (default: the site's)")
+    p.add_argument("--job-name", "-J", help="job name (default: the script's name)")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for every rank (repeatable); the value is passed verbatim")
+    p.add_argument("--container", help="container image to run the ranks in (the site's container runtime)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hpcvod", description="Horovod-style training that knows Slurm and PBS.")
+    parser.add_argument("--version", action="version", version=f"hpcvod {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("submit", help="submit a job (a .py script runs under the job's Python)",
+                       usage="hpcvod submit [OPTIONS] [--] SCRIPT [ARGS...]")
+    _add_job_options(p)
+    p.add_argument("--output-dir", metavar="DIR", help="where job folders are created (default ./hpcvod-jobs)")
+    p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    p.add_argument("--wait", "-W", action="store_true", help="wait for the job to end; exit 1 if it failed")
+    p.add_argument("--show-output", action="store_true", help="with --wait: print the job's output at the end")
+
+    p = sub.add_parser("render", help="write the batch script without submitting",
+                       usage="hpcvod render [OPTIONS] [-o FILE] [--] SCRIPT [ARGS...]")
+    _add_job_options(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="write the script here (default: stdout)")
+
+    for name, text in (("status", "where a job stands"), ("cancel", "cancel a job")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job", metavar="JOB", help="job id or job folder")
+        p.add_argument("--site", help="site to ask when JOB is an id no job folder records")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p = sub.add_parser("logs", help="print a job's output")
+    p.add_argument("job", metavar="JOB", help="job id or job folder")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+
+    p = sub.add_parser("sites", help="site profiles: list, show, validate, schema")
+    sites = p.add_subparsers(dest="sites_command", metavar="ACTION", parser_class=_Parser)
+    sites.required = True
+    sites.add_parser("list", help="profiles that --site can name, and where they are")
+    q = sites.add_parser("show", help="a profile after extends and defaults")
+    q.add_argument("name", metavar="NAME", help="profile name or path")
+    q = sites.add_parser("validate", help="check profile files; exit 2 if any is invalid")
+    q.add_argument("files", metavar="FILE", nargs="+")
+    sites.add_parser("schema", help="the JSON Schema of a profile (for editors)")
+
+    p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
+                       usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
+    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. h1:2,h2:2 (default: this machine)")
+    p.add_argument("--hostfile", help="file with one `host[:slots]` or `host slots=N` per line")
+    p.add_argument("--mpi-args", default="", help="extra arguments for the MPI launcher (one string)")
+    p.add_argument("--timeline-filename", help="write a Chrome-trace timeline here (HPCVOD_TIMELINE)")
+    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (HPCVOD_FUSION_THRESHOLD)")
+    p.add_argument("--cycle-time-ms", type=float, help="engine cycle time in ms (HPCVOD_CYCLE_TIME)")
+    p.add_argument("--cache-capacity", type=int, help="response cache entries (HPCVOD_CACHE_CAPACITY)")
+    p.add_argument("--stall-check-warning-time-seconds", type=int, help="HPCVOD_STALL_CHECK_TIME_SECONDS")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=int, help="HPCVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    p.add_argument("--hierarchical-allreduce", action="store_true", help="HPCVOD_HIERARCHICAL_ALLREDUCE=1")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE", help="more environment")
+    p.add_argument("--mpi", dest="launcher", help="MPI launcher to use (default: the mpiexec beside this Python)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the launch command before running it")
+
+    sub.add_parser("doctor", help="what MPI, launcher, mpi4py and frameworks this machine has")
+    return parser
+
+
+# ---- argv splitting: options, then SCRIPT, then the script's own arguments ------------------------------
+
+
+def _split_program(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Options end at ``--`` or at the first word that is not an option or an option's value; everything from
+    there on belongs to the program, untouched (so `train.py --nodes 3` passes --nodes to train.py)."""
+    takes_value = {}
+    for action in parser._actions:  # argparse has no public API for this
+        for flag in action.option_strings:
+            takes_value[flag] = action.nargs != 0
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1:]
+        if not word.startswith("-") or word == "-":
+            return argv[:i], argv[i:]
+        flag = word.split("=", 1)[0]
+        if takes_value.get(flag) and "=" not in word and not (len(flag) == 2 and len(word) > 2):
+            i += 1  # the option's value
+        i += 1
+    return argv, []
+
+
+def _job_spec(args: argparse.Namespace, program: list[str]):
+    from hpcvod.jobs.spec import JobSpec, parse_env
+
+    if not program:
+        raise UserError("missing SCRIPT: expected a script or command to run (hpcvod submit [OPTIONS] SCRIPT [ARGS...])")
+    return JobSpec(program=program[0], args=tuple(program[1:]), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                   tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
+                   partition=args.partition, account=args.account, job_name=args.job_name, env=parse_env(args.env),
+                   container=args.container)
+
+
+def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
+    from hpcvod.jobs.host import detect_host
+    from hpcvod.jobs.submission import prepare
+    from hpcvod.sites.loader import discover_site
+
+    host = detect_host()
+    site = discover_site(args.site, host.hostname)
+    return prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv])
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+# ---- commands ---------------------------------------------------------------------------------------------
+
+
+def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
+    from hpcvod.jobs.jobdir import DEFAULT_ROOT
+    from hpcvod.jobs.submission import follow_output, submit_prepared, wait_for
+
+    prepared = _prepare(args, program, argv)
+    if args.dry_run:
+        if args.json:
+            _print_json({"plan": prepared.plan.to_dict(), "script": prepared.script})
+        else:
+            sys.stdout.write(prepared.script)
+        return EXIT_OK
+    ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT))
+    if not args.json:
+        print(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}")
+        sys.stdout.flush()
+    status = None
+    if args.wait or args.show_output:
+        try:
+            status = wait_for(ref)
+        except KeyboardInterrupt:
+            print(f"\nstopped waiting; the job goes on: hpcvod status {ref.job_dir}", file=sys.stderr)
+            return 130
+        if args.show_output:
+            follow_output(ref, sys.stdout, follow=False)
+    if args.json:
+        out = {"job_id": ref.job_id, "job_dir": str(ref.job_dir), "site": ref.site, "scheduler": ref.scheduler}
+        if status is not None:
+            out.update(state=status.state, exit_code=status.exit_code)
+        _print_json(out)
+    if status is not None and status.state != "COMPLETED":
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
+    prepared = _prepare(args, program, argv)
+    if args.output:
+        Path(args.output).write_text(prepared.script)
+        Path(args.output).chmod(0o755)
+        print(f"wrote {args.output} ({prepared.plan.scheduler} script for site {prepared.plan.site})", file=sys.stderr)
+    elif args.json:
+        _print_json({"plan": prepared.plan.to_dict(), "script": prepared.script})
+    else:
+        sys.stdout.write(prepared.script)
+    return EXIT_OK
+
+
+def _job_ref(job: str, site_name: str | None = None):
+    """A job by folder or recorded id; else an id of the given (or discovered) site's scheduler."""
+    from hpcvod.jobs.jobdir import JobRef, find_job
+
+    ref = find_job(job)
+    if ref is not None:
+        return ref
+    if os.sep in job:
+        raise UserError(f"JOB {job!r}: no such job folder")
+    from hpcvod.jobs.host import detect_host
+    from hpcvod.sites.loader import discover_site
+
+    site = discover_site(site_name, detect_host().hostname)
+    if site.profile.scheduler == "local" and not job.startswith("local-"):
+        raise UserError(f"JOB {job!r}: no job folder records this id under {', '.join(map(str, _roots()))} "
+                        "(give the job folder, or run this where you submitted)")
+    return JobRef(job_id=job, scheduler=site.profile.scheduler, site=site.name, site_source=site.source, job_dir=None)
+
+
+def _roots():
+    from hpcvod.jobs.jobdir import default_roots
+
+    return default_roots()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hpcvod.jobs.submission import job_status
+
+    ref = _job_ref(args.job, args.site)
+    status = job_status(ref)
+    if args.json:
+        _print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
+                     "reason": status.reason, "source": status.source, "site": ref.site, "scheduler": ref.scheduler,
+                     "job_dir": str(ref.job_dir) if ref.job_dir else None})
+        return EXIT_OK
+    line = f"{ref.job_id}  {status.state}"
+    if status.exit_code is not None:
+        line += f"  exit={status.exit_code}"
+    line += f"  site={ref.site}  scheduler={ref.scheduler}"
+    if status.raw and status.raw != status.state:
+        line += f"  ({ref.scheduler}: {status.raw}"
+        line += f", {status.reason})" if status.reason and status.reason not in ("None", "(null)") else ")"
+    if ref.job_dir:
+        line += f"  folder={ref.job_dir}"
+    print(line)
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from hpcvod.jobs.submission import follow_output
+
+    ref = _job_ref(args.job)
+    if ref.job_dir is None:
+        raise UserError(f"JOB {args.job!r}: logs need the job folder (no folder records this id)")
+    if not args.follow and not ref.output.exists():
+        print(f"(no output yet: {ref.output})", file=sys.stderr)
+        return EXIT_OK
+    try:
+        follow_output(ref, sys.stdout, follow=args.follow)
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpcvod.jobs.submission import cancel_job
+
+    ref = _job_ref(args.job, args.site)
+    cancel_job(ref)
+    print(f"cancel requested for job {ref.job_id} ({ref.scheduler})")
+    return EXIT_OK
+
+
+def cmd_sites(args: argparse.Namespace) -> int:
+    from hpcvod import sites
+
+    if args.sites_command == "schema":
+        _print_json(sites.schema())
+        return EXIT_OK
+    if args.sites_command == "list":
+        rows = []
+        for name, path in sites.site_files().items():
+            try:
+                site = sites.load_site_file(path)
+                rows.append((name, site.profile.scheduler, str(path), site.profile.description))
+            except UserError as err:
+                rows.append((name, "INVALID", str(path), str(err)))
+        width = max(len(r[0]) for r in rows)
+        for name, scheduler, path, text in rows:
+            print(f"{name:<{width}}  {scheduler:<7}  {text}  [{path}]")
+        return EXIT_OK
+    if args.sites_command == "show":
+        import yaml
+
+        from hpcvod.sites.spec import to_data
+
+        site = sites.load_site(args.name)
+        print(f"# site {site.name} from {site.source} (after extends and defaults)")
+        data = to_data(site.profile)
+        data["scheduler_options"] = to_data(site.scheduler_options)
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+        return EXIT_OK
+    # validate
+    bad = 0
+    for name in args.files:
+        try:
+            if Path(name).name.startswith("_"):
+                sites.check_base_file(name)
+                print(f"{name}: ok (a base for extends: checked key by key, required keys not enforced)")
+                continue
+            site = sites.load_site(name, "validate")
+            print(f"{name}: ok (site {site.name}, scheduler {site.profile.scheduler})")
+        except UserError as err:
+            print(str(err), file=sys.stderr)
+            bad += 1
+    return EXIT_USAGE if bad else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        command = next((w for w in argv if not w.startswith("-")), None)
+        program: list[str] = []
+        if command in ("submit", "render", "run"):
+            sub = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+            at = argv.index(command)
+            options, program = _split_program(sub, argv[at + 1:])
+            args = parser.parse_args(argv[:at + 1] + options)
+        else:
+            args = parser.parse_args(argv)
+        if args.command == "submit":
+            return cmd_submit(args, program, argv)
+        if args.command == "render":
+            return cmd_render(args, program, argv)
+        if args.command == "status":
+            return cmd_status(args)
+        if args.command == "logs":
+            return cmd_logs(args)
+        if args.command == "cancel":
+            return cmd_cancel(args)
+        if args.command == "sites":
+            return cmd_sites(args)
+        if args.command == "run":
+            from hpcvod.launchers.run import run_command
+
+            return run_command(args, program)
+        if args.command == "doctor":
+            from hpcvod.launchers.doctor import doctor
+
+            return doctor(sys.stdout)
+    except UserError as err:
+        print(f"hpcvod: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # a scheduler command that failed, a full disk...: one line, not a traceback
+        from hpcvod.schedulers.base import SchedulerError
+
+        if isinstance(err, (SchedulerError, OSError)) and not os.environ.get("HPCVOD_DEBUG"):
+            print(f"hpcvod: {err}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""JobSpec + Site (+ HostFacts) -> LaunchPlan: every decision about a job, made once, in one place.
+
+The plan is what gets rendered (templates only format it), printed by --dry-run, and saved as the job's
+resolved request; nothing downstream decides anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hpcvod import __version__
+from hpcvod.jobs.host import HostFacts
+from hpcvod.jobs.shell import Verbatim, safe_name
+from hpcvod.jobs.spec import ENV_KEY, JobSpec, parse_time
+from hpcvod.launchers import LaunchRequest, launcher_for
+from hpcvod.schedulers.base import apply_directive_overrides
+from hpcvod.sites.errors import UserError
+from hpcvod.sites.loader import Site
+from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seconds
+
+# Set by the script from the plan (docs/contract.md); --env may not override them.
+CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME")
+
+# Where each scheduler's rendered script finds its job folder when it runs (the script is submitted from it).
+HOSTFILES = {"pbs": Verbatim('"$PBS_NODEFILE"')}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A fully resolved job. Every field is a decision the template only writes down."""
+
+    site: str
+    site_source: str
+    scheduler: str
+    job_name: str  # the user's, verbatim (HPCVOD_JOB_NAME)
+    scheduler_job_name: str  # what the scheduler sees (safe characters only)
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    gpu_type: str | None
+    world_size: int
+    partition: str
+    time_seconds: int
+    account: str | None
+    workdir: str
+    mpi_flavour: str
+    launcher: str
+    launch_argv: tuple[str, ...]
+    program_argv: tuple[str, ...]
+    env_groups: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (where from, ((KEY, value), ...))
+    module_purge: bool
+    modules: tuple[str, ...]
+    setup: tuple[str, ...]
+    directive_prefix: str
+    directives: tuple[str, ...]
+    container: str | None
+    command: tuple[str, ...]
+    hpcvod_version: str = __version__
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every rank sees (later groups win)."""
+        return {k: v for _, pairs in self.env_groups for k, v in pairs}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["env_groups"] = {title: dict(pairs) for title, pairs in self.env_groups}
+        return out
+
+
+def _positive(value: int | None, flag: str, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        expected = "an integer >= 0" if allow_zero else "a positive integer"
+        raise UserError(f"{flag} {value!r}: expected {expected}")
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _program_argv(spec: JobSpec, site: Site, host: HostFacts, python: str) -> list[str]:
+    """A .py script runs under the job's Python; anything else runs as a command."""
+    program = spec.program
+    if not program.strip():
+        raise UserError("SCRIPT: expected a script or command to run, got an empty string")
+    in_cwd = Path(host.cwd, program)
+    if program.endswith(".py"):
+        if not in_cwd.is_file():
+            raise UserError(f"SCRIPT {program!r}: no such file (looked in {host.cwd})")
+        return [python, program, *spec.args]
+    if "/" in program:
+        if not in_cwd.exists():
+            raise UserError(f"SCRIPT {program!r}: no such file (looked in {host.cwd})")
+        return [program, *spec.args]
+    if shutil.which(program) is None:
+        if in_cwd.is_file():
+            return [f"./{program}", *spec.args]
+        profile = site.profile
+        # modules, setup lines or a container may provide the command on the nodes: trust the user then
+        if not (profile.modules or profile.setup or spec.container or profile.container.image):
+            raise UserError(f"SCRIPT {program!r}: no such file in {host.cwd} and no such command on PATH")
+    return [program, *spec.args]
+
+
+def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:
+    """Every decision about the job; raises UserError (one line) for anything the user must fix."""
+    profile = site.profile
+    scheduler = site.scheduler()
+
+    # -- partition and what its nodes have
+    partition_name = spec.partition or profile.default_partition or next(iter(profile.partitions))
+    if partition_name not in profile.partitions:
+        raise UserError(f"--partition {partition_name!r}: site {site.name!r} has no such partition "
+                        f"(has: {', '.join(profile.partitions)}){_did_you_mean(partition_name, list(profile.partitions))}")
+    part = profile.partitions[partition_name]
+    node_cpus = host.cpu_count if part.cpus_per_node == AUTO else part.cpus_per_node
+    node_gpus = host.gpu_count if part.gpus_per_node == AUTO else part.gpus_per_node
+
+    # -- rank layout: one task per GPU, one per CPU slot when no GPU is asked for
+    _positive(spec.nodes, "--nodes")
+    _positive(spec.gpus_per_node, "--gpus-per-node", allow_zero=True)
+    _positive(spec.tasks_per_node, "--tasks-per-node")
+    _positive(spec.cpus_per_task, "--cpus-per-task")
+    nodes = spec.nodes or 1
+    if part.max_nodes is not None and nodes > part.max_nodes:
+        raise UserError(f"--nodes {nodes}: partition {partition_name!r} of site {site.name!r} allows at most "
+                        f"{part.max_nodes} node{'s' if part.max_nodes > 1 else ''}")
+    gpus = spec.gpus_per_node or 0
+    if gpus > node_gpus:
+        raise UserError(f"--gpus-per-node {gpus}: partition {partition_name!r} of site {site.name!r} has "
+                        f"{node_gpus} GPU{'s' if node_gpus != 1 else ''} per node")
+    if spec.tasks_per_node:
+        tasks = spec.tasks_per_node
+    elif gpus:
+        tasks = gpus
+    else:
+        tasks = max(1, node_cpus // (spec.cpus_per_task or 1))
+    cpus_per_task = spec.cpus_per_task or (max(1, node_cpus // tasks) if gpus else 1)
+    if profile.scheduler != "local" and tasks * cpus_per_task > node_cpus:
+        raise UserError(f"--tasks-per-node {tasks} x --cpus-per-task {cpus_per_task}: partition {partition_name!r} "
+                        f"of site {site.name!r} has {node_cpus} CPUs per node")
+    world = nodes * tasks
+
+    # -- time and account
+    if spec.time is not None:
+        seconds = parse_time(spec.time)
+        if part.max_time is not None and seconds > time_seconds(part.max_time):
+            raise UserError(f"--time {spec.time}: partition {partition_name!r} of site {site.name!r} allows at most "
+                            f"{part.max_time}")
+    else:
+        seconds = time_seconds(part.default_time)
+    account = spec.account if spec.account is not None else profile.account
+    if account is not None:
+        if not re.fullmatch(NAME_PATTERN.regex, account):
+            raise UserError(f"--account {account!r}: expected {NAME_PATTERN.meaning}")
+
+    # -- MPI and launcher ('auto' = the MPI installed beside this Python or on PATH)
+    flavour = profile.mpi.flavour
+    executable = profile.launcher.executable
+    if profile.launcher.kind == "srun":
+        if flavour == AUTO or executable == AUTO:
+            raise UserError(f"site {site.name!r}: 'auto' MPI detection does not apply to srun (set mpi.flavour)")
+        executable = executable or "srun"
+    else:
+        if flavour == AUTO or executable == AUTO:
+            host = host.with_mpi(None if executable in (None, AUTO) else executable)
+            assert host.mpi is not None
+            flavour = host.mpi.flavour if flavour == AUTO else flavour
+            executable = host.mpi.launcher if executable == AUTO else executable
+        executable = executable or profile.launcher.kind
+
+    # -- container
+    image = spec.container or profile.container.image
+    runtime = profile.container.runtime
+    if image and runtime is None:
+        raise UserError(f"--container {image!r}: site {site.name!r} has no container runtime (container.runtime)")
+    python = profile.container.python if image else (profile.python or host.python)
+    program = _program_argv(spec, site, host, python)
+    srun_container_args: list[str] = []
+    if image and runtime == "pyxis":
+        srun_container_args = [f"--container-image={image}"]
+        if profile.container.mounts:
+            srun_container_args.append(f"--container-mounts={','.join(profile.container.mounts)}")
+        srun_container_args += profile.container.args
+    elif image:
+        wrap = [runtime, "exec"] + (["--nv"] if gpus else [])
+        for mount in profile.container.mounts:
+            wrap += ["--bind", mount]
+        program = wrap + list(profile.container.args) + [image] + program
+
+    # -- environment: the site's, the launcher's, the contract's, then the user's
+    job_name = spec.job_name if spec.job_name is not None else Path(spec.program).stem or "job"
+    if not job_name.strip():
+        raise UserError("--job-name: expected a non-empty name")
+    site_env: dict[str, str] = {}
+    site_env.update(interconnect_env(profile.interconnect))
+    site_env.update(profile.mpi.env)
+    site_env.update(profile.mpi.flavour_env.get(flavour, {}))
+    site_env.update(profile.env)
+    site_env.update(part.env)
+    user_env: dict[str, str] = {}
+    for key, value in spec.env:
+        if not ENV_KEY.fullmatch(key):
+            raise UserError(f"--env {key}=...: expected KEY=VALUE with KEY a variable name")
+        if key in CONTRACT_ENV:
+            raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
+        user_env[key] = value
+    contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name}
+    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *user_env]
+
+    launcher = launcher_for(profile.launcher.kind, flavour)
+    line = launcher.line(LaunchRequest(
+        executable=executable, world_size=world, nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
+        mpi_plugin=profile.launcher.mpi_plugin, pmi_library=profile.mpi.pmi_library,
+        hostfile=HOSTFILES.get(profile.scheduler), single_host=profile.scheduler == "local",
+        forward_env=forward, is_root=host.is_root, extra_args=profile.launcher.args,
+        srun_container_args=srun_container_args))
+    groups = [("site profile", site_env), ("launcher", line.env), ("hpcvod (docs/contract.md)", contract),
+              ("--env", user_env)]
+    env_groups = tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs)
+
+    plan = LaunchPlan(
+        site=site.name, site_source=site.source, scheduler=profile.scheduler, job_name=job_name,
+        scheduler_job_name=safe_name(job_name), nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
+        gpus_per_node=gpus, gpu_type=part.gpu_type, world_size=world, partition=partition_name,
+        time_seconds=seconds, account=account, workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
+        launch_argv=tuple(line.argv), program_argv=tuple(program), env_groups=env_groups,
+        module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
+        directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command))
+    directives = apply_directive_overrides(scheduler.directives(plan), profile.directives.skip,
+                                           profile.directives.extra)
+    return dataclasses.replace(plan, directives=tuple(directives))
+

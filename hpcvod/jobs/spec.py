@@ -1,0 +1,55 @@
+"""JobSpec: what the user asked for, before the site profile fills in the rest."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hpcvod.sites.errors import UserError
+
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A request: the program and the resources; None means "the site's default"."""
+
+    program: str
+    args: tuple[str, ...] = ()
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str | None = None
+    env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    container: str | None = None
+
+
+def parse_time(text: str, flag: str = "--time") -> int:
+    """Seconds of ``[D-]HH:MM:SS`` or whole minutes (Slurm's and PBS's common ground)."""
+    match = _TIME.fullmatch(text.strip())
+    if not match:
+        raise UserError(f"{flag} {text!r}: expected a time as HH:MM:SS, D-HH:MM:SS or whole minutes")
+    days, hours, minutes, seconds, only_minutes = match.groups()
+    if only_minutes is not None:
+        total = int(only_minutes) * 60
+    else:
+        total = int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    if total <= 0:
+        raise UserError(f"{flag} {text!r}: expected a time longer than zero")
+    return total
+
+
+def parse_env(items: list[str] | tuple[str, ...], flag: str = "--env") -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` strings -> pairs; the value is kept byte for byte (it may hold '=', quotes, newlines)."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY.fullmatch(key):
+            raise UserError(f"{flag} {item!r}: expected KEY=VALUE with KEY a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        out.append((key, value))
+    return tuple(out)

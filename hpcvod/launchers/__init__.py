@@ -1,0 +1,64 @@
+"""How ranks start inside an allocation, kept apart from how the allocation is requested (the scheduler).
+
+A launcher turns a ``LaunchRequest`` into the words of the launch line and the environment the launcher
+itself needs: ``srun`` (Slurm, with its --mpi= plugin), Open MPI's ``mpirun``, and the Hydra ``mpiexec`` of
+MPICH and Intel MPI. ``launcher_for(kind, flavour)`` picks one; ``flavour.detect_mpi()`` finds the local MPI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from hpcvod.jobs.shell import Verbatim
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a launcher needs to know, whoever asks (a rendered script or ``hpcvod run``)."""
+
+    executable: str  # srun, or the path/name of mpirun/mpiexec
+    world_size: int
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    mpi_plugin: str | None = None  # srun --mpi=
+    pmi_library: str | None = None  # Intel MPI under srun: I_MPI_PMI_LIBRARY
+    hostfile: str | None = None  # a path, or Verbatim('"$PBS_NODEFILE"')
+    hosts: str | None = None  # h1:2,h2:2 (hpcvod run -H)
+    single_host: bool = False  # everything on this machine (local site, hpcvod run without hosts)
+    forward_env: Sequence[str] = ()  # variables the ranks must see on every node
+    is_root: bool = False
+    extra_args: Sequence[str] = ()
+    srun_container_args: Sequence[str] = ()  # pyxis options (srun only)
+
+
+@dataclass(frozen=True)
+class LaunchLine:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Launcher:
+    name: str = ""
+
+    def line(self, req: LaunchRequest) -> LaunchLine:
+        raise NotImplementedError
+
+
+def launcher_for(kind: str, flavour: str) -> Launcher:
+    """srun for kind 'srun'; otherwise the MPI's own launcher (mpirun and mpiexec are the same program)."""
+    if kind == "srun":
+        from hpcvod.launchers.srun import SrunLauncher
+
+        return SrunLauncher(flavour)
+    if flavour == "openmpi":
+        from hpcvod.launchers.openmpi import OpenMpiLauncher
+
+        return OpenMpiLauncher()
+    from hpcvod.launchers.hydra import HydraLauncher
+
+    return HydraLauncher(flavour)
+
+
+__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "Verbatim"]

@@ -1,0 +1,26 @@
+"""srun: Slurm starts the ranks itself; the --mpi= plugin must match the MPI (FACTS: a wrong one is silent)."""
+
+from __future__ import annotations
+
+from hpcvod.launchers import LaunchLine, Launcher, LaunchRequest
+
+
+class SrunLauncher(Launcher):
+    name = "srun"
+
+    def __init__(self, flavour: str) -> None:
+        self.flavour = flavour
+
+    def line(self, req: LaunchRequest) -> LaunchLine:
+        argv = [req.executable or "srun"]
+        if req.mpi_plugin:
+            argv.append(f"--mpi={req.mpi_plugin}")
+        argv += [f"--nodes={req.nodes}", f"--ntasks={req.world_size}", f"--ntasks-per-node={req.tasks_per_node}",
+                 # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
+                 f"--cpus-per-task={req.cpus_per_task}",
+                 "--kill-on-bad-exit=1"]
+        argv += list(req.srun_container_args) + list(req.extra_args)
+        env = {}
+        if self.flavour == "intelmpi" and req.pmi_library:
+            env["I_MPI_PMI_LIBRARY"] = req.pmi_library  # Intel MPI talks PMI-2 to srun through this library
+        return LaunchLine(argv, env)

@@ -1,0 +1,31 @@
+"""Scheduler modules, one per batch system: ``slurm``, ``pbs``, ``local`` (and whatever else is dropped in).
+
+``get_scheduler(name)`` imports ``hpcvod.schedulers.<name>`` and returns its ``SCHEDULER`` class; the list of
+names (the site schema's ``scheduler`` choices) is the set of modules in this folder, so adding a scheduler is
+one module plus one template (see hpcvod/schedulers/base.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcvod.schedulers.base import Scheduler
+
+_NOT_SCHEDULERS = {"base"}
+
+
+def available_schedulers() -> list[str]:
+    """Names of the scheduler modules shipped with this hpcvod."""
+    here = Path(__file__).parent
+    return sorted(p.stem for p in here.glob("*.py") if not p.stem.startswith("_") and p.stem not in _NOT_SCHEDULERS)
+
+
+def scheduler_class(name: str) -> "type[Scheduler]":
+    """The Scheduler subclass of module ``hpcvod.schedulers.<name>``."""
+    if name not in available_schedulers():
+        raise KeyError(name)
+    module = importlib.import_module(f"hpcvod.schedulers.{name}")
+    return module.SCHEDULER

@@ -1,0 +1,161 @@
+"""What every scheduler module provides, and the job states hpcvod reports.
+
+A scheduler module (``hpcvod/schedulers/<name>.py``) defines one ``Scheduler`` subclass and names it
+``SCHEDULER``; its template is ``hpcvod/templates/<name>.j2``. That is all it takes to add one: the site
+schema, discovery, the CLI and the golden tests pick it up by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+from hpcvod.sites.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcvod.jobs.plan import LaunchPlan
+
+# hpcvod's job states; every scheduler maps its own words onto these.
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+TIMEOUT = "TIMEOUT"
+UNKNOWN = "UNKNOWN"
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT})
+
+EXIT_FILE = "exitcode"  # written by every rendered script on exit (docs/submission.md)
+OUTPUT_FILE = "output.log"
+CANCEL_FILE = "cancelled"  # written by `hpcvod cancel` before it asks the scheduler
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Where a job stands: hpcvod's state, the scheduler's own word, and how we know."""
+
+    state: str
+    raw: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    source: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit returned: the job id and anything the scheduler wants kept in job.json."""
+
+    job_id: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """This scheduler has no options."""
+
+
+class SchedulerError(Exception):
+    """A scheduler command failed (sbatch rejected the job, qstat is missing...)."""
+
+
+class Scheduler:
+    """Base of the scheduler modules. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]
+    script_name: ClassVar[str]  # the file name of the rendered script inside the job folder
+    directive_prefix: ClassVar[str] = ""  # "#SBATCH", "#PBS"; "" = the scheduler takes no directives
+    Options: ClassVar[type] = NoOptions  # dataclass of the profile's `scheduler_options`
+    poll_seconds: ClassVar[float] = 5.0  # how often --wait and logs -f ask
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @property
+    def template(self) -> str:
+        return f"{self.name}.j2"
+
+    def directives(self, plan: "LaunchPlan") -> list[str]:
+        """The resource request, one directive per line, without the prefix."""
+        return []
+
+    def submit(self, job_dir: Path, script: Path) -> Submitted:
+        raise NotImplementedError
+
+    def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str, job_dir: Path | None) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def parse_job_id(text: str) -> str:
+        raise NotImplementedError
+
+
+def apply_directive_overrides(generated: list[str], skip: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """dask-jobqueue's override point: drop generated directives containing a skip string, then add extras."""
+    kept = [d for d in generated if not any(s in d for s in skip)]
+    return kept + list(extra)
+
+
+def run_command(argv: list[str], *, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a scheduler command; a missing command or a timeout becomes a SchedulerError with one line."""
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SchedulerError(f"{argv[0]}: command not found (is this a login node of the cluster?)") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"{' '.join(argv)}: no answer after {timeout:.0f} s") from None
+
+
+def read_exit_file(job_dir: Path | None) -> int | None:
+    """The exit status the rendered script recorded in its job folder (works after the scheduler forgot the job)."""
+    if job_dir is None:
+        return None
+    try:
+        return int((job_dir / EXIT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_cancel_marker(job_dir: Path | None) -> None:
+    if job_dir is not None:
+        (job_dir / CANCEL_FILE).write_text("cancelled by hpcvod cancel\n")
+
+
+def read_cancel_marker(job_dir: Path | None) -> bool:
+    return job_dir is not None and (job_dir / CANCEL_FILE).exists()
+
+
+def status_from_exit_file(job_dir: Path | None) -> JobStatus | None:
+    code = read_exit_file(job_dir)
+    if code is None:
+        return None
+    return JobStatus(COMPLETED if code == 0 else FAILED, raw=f"exit {code}", exit_code=code,
+                     source=f"{EXIT_FILE} file")
+
+
+def options_from(cls: type, data: dict[str, Any], source: str | None) -> Any:
+    """Validate a profile's ``scheduler_options`` against a scheduler's Options dataclass."""
+    from hpcvod.sites.errors import ProfileError
+    from hpcvod.sites.spec import from_data
+
+    try:
+        return from_data(cls, data, ("scheduler_options",))
+    except ProfileError as err:
+        raise err.located(source) if source else err
+
+
+def no_such_job(job_id: str, scheduler: str) -> UserError:
+    return UserError(f"job {job_id!r}: {scheduler} does not know this job (and no job folder records it)")
+
+
+def dataclass_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]

@@ -1,0 +1,135 @@
+"""PBS Pro / OpenPBS: qsub to submit, ``qstat -f -x`` (finished jobs too) to watch, qdel to cancel."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+                                    JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
+                                    run_command, status_from_exit_file)
+from hpcvod.sites.spec import Pattern, doc
+
+if TYPE_CHECKING:
+    from hpcvod.jobs.plan import LaunchPlan
+
+_JOB_ID = re.compile(r"^\d+(?:\[\d*\])?(?:\.[\w.-]+)?$")
+_QUEUED = set("QHWTSMU")  # queued, held, waiting, in transit, suspended, moved, user-suspended
+_ACTIVE = set("REB")  # running, exiting, array begun
+_KILLED_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME
+
+
+@dataclass(frozen=True)
+class PbsOptions:
+    """scheduler_options of a PBS Pro / OpenPBS site."""
+
+    place: Annotated[str, Pattern(r"[a-z:=_A-Z0-9]+", "a PBS place spec, e.g. scatter or scatter:excl")] = doc(
+        "the -l place= spec: 'scatter' puts each chunk on its own node; add ':excl' for whole nodes", "scatter")
+    gpu_resource: Annotated[str, Pattern(r"[A-Za-z_]\w*", "a resource name")] = doc(
+        "the chunk resource that counts GPUs (ngpus on most sites)", "ngpus")
+
+
+def pbs_walltime(seconds: int) -> str:
+    """PBS walltime: HH:MM:SS with as many hours as needed."""
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def parse_qstat_full(text: str) -> dict[str, str]:
+    """``qstat -f`` output -> {attribute: value}; long values continue on tab-indented lines."""
+    out: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        if line.startswith("Job Id:"):
+            out["Job Id"] = line.split(":", 1)[1].strip()
+            key = None
+            continue
+        match = re.match(r"^\s+([\w.]+) = (.*)$", line)
+        if match:
+            key = match.group(1)
+            out[key] = match.group(2)
+        elif key and line.startswith("\t"):
+            out[key] += line.strip()
+    return out
+
+
+def pbs_state(job_state: str, exit_status: int | None) -> str:
+    if job_state in _QUEUED:
+        return PENDING
+    if job_state in _ACTIVE:
+        return RUNNING
+    if job_state in ("F", "X", "C"):  # finished (PBS Pro), subjob finished, completed (Torque)
+        if exit_status is None:
+            return UNKNOWN
+        if exit_status == 0:
+            return COMPLETED
+        if exit_status == _KILLED_WALLTIME:
+            return TIMEOUT
+        if exit_status >= 256 and exit_status - 256 in (9, 15):  # killed by SIGKILL/SIGTERM: qdel
+            return CANCELLED
+        return FAILED
+    return UNKNOWN
+
+
+class PbsScheduler(Scheduler):
+    name = "pbs"
+    script_name = "job.pbs"
+    directive_prefix = "#PBS"
+    Options = PbsOptions
+
+    def directives(self, plan: "LaunchPlan") -> list[str]:
+        chunk = [f"select={plan.nodes}", f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
+                 f"mpiprocs={plan.tasks_per_node}", f"ompthreads={plan.cpus_per_task}"]
+        if plan.gpus_per_node:
+            chunk.append(f"{self.options.gpu_resource}={plan.gpus_per_node}")
+        out = [
+            f"-N {plan.scheduler_job_name}",
+            "-l " + ":".join(chunk),
+            f"-l place={self.options.place}",
+            f"-l walltime={pbs_walltime(plan.time_seconds)}",
+            f"-q {plan.partition}",
+        ]
+        if plan.account:
+            out.append(f"-A {plan.account}")
+        out += ["-j oe", f"-o {OUTPUT_FILE}"]  # relative to qsub's working directory = the job folder
+        return out
+
+    @staticmethod
+    def parse_job_id(text: str) -> str:
+        line = text.strip().splitlines()[-1].strip() if text.strip() else ""
+        if not _JOB_ID.match(line):
+            raise SchedulerError(f"qsub printed {text.strip()!r}, expected a job id like 1234.server")
+        return line
+
+    def submit(self, job_dir: Path, script: Path) -> Submitted:
+        done = run_command(["qsub", script.name], cwd=job_dir)
+        if done.returncode != 0:
+            raise SchedulerError(f"qsub refused the job: {' '.join((done.stderr or done.stdout).split())}")
+        return Submitted(self.parse_job_id(done.stdout))
+
+    def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
+        done = run_command(["qstat", "-f", "-x", job_id])
+        if done.returncode != 0 and "invalid option" in (done.stderr + done.stdout).lower():
+            done = run_command(["qstat", "-f", job_id])  # Torque-style qstat: no -x
+        attrs = parse_qstat_full(done.stdout) if done.returncode == 0 else {}
+        if "job_state" not in attrs:
+            return status_from_exit_file(job_dir) or JobStatus(UNKNOWN, reason="PBS no longer knows this job",
+                                                               source="none")
+        word = attrs["job_state"].strip()
+        try:
+            code: int | None = int(attrs.get("Exit_status", "").strip())
+        except ValueError:
+            code = None
+        state = pbs_state(word, code)
+        if state in (FAILED, UNKNOWN) and read_cancel_marker(job_dir):
+            state = CANCELLED
+        return JobStatus(state, raw=word, exit_code=code, reason=attrs.get("comment", ""), source="qstat -f")
+
+    def cancel(self, job_id: str, job_dir: Path | None) -> None:
+        done = run_command(["qdel", job_id])
+        if done.returncode != 0:
+            raise SchedulerError(f"qdel {job_id}: {' '.join((done.stderr or done.stdout).split())}")
+
+
+SCHEDULER = PbsScheduler

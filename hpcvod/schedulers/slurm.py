@@ -1,0 +1,180 @@
+"""Slurm: sbatch --parsable to submit; squeue, scontrol and (when accounting exists) sacct to watch; scancel."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+                                    JobStatus, Scheduler, SchedulerError, Submitted, run_command,
+                                    status_from_exit_file)
+from hpcvod.sites.spec import doc
+
+if TYPE_CHECKING:
+    from hpcvod.jobs.plan import LaunchPlan
+
+_STATES = {
+    COMPLETED: ("COMPLETED",),
+    RUNNING: ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED", "STOPPED"),
+    PENDING: ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"),
+    CANCELLED: ("CANCELLED",),
+    TIMEOUT: ("TIMEOUT",),
+    FAILED: ("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"),
+}
+_STATE_OF = {word: state for state, words in _STATES.items() for word in words}
+_JOB_ID = re.compile(r"^(\d+(?:_\d+)?)(?:;\S+)?$")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """scheduler_options of a Slurm site."""
+
+    gpu_request: Literal["gres", "gpus-per-node"] = doc(
+        "how GPUs are asked for: --gres=gpu[:TYPE]:N (every Slurm) or --gpus-per-node=[TYPE:]N (Slurm >= 19.05)", "gres")
+    exclusive: bool = doc("ask for whole nodes (--exclusive)", False)
+    sacct: Literal["auto", "never"] = doc(
+        "ask sacct about jobs squeue and scontrol no longer know ('never' where accounting is off)", "auto")
+
+
+def slurm_state(word: str) -> str:
+    """hpcvod's state for a Slurm state word ("CANCELLED by 0" -> CANCELLED)."""
+    head = word.strip().split()[0].rstrip("+") if word.strip() else ""
+    return _STATE_OF.get(head, UNKNOWN)
+
+
+def slurm_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+def _exit_code(text: str) -> int | None:
+    """Slurm's "EXIT:SIGNAL" pair -> a shell-style exit status (128+signal when killed by one)."""
+    match = re.match(r"(\d+):(\d+)", text.strip())
+    if not match:
+        return None
+    code, signal = int(match.group(1)), int(match.group(2))
+    return 128 + signal if signal and not code else code
+
+
+class SlurmScheduler(Scheduler):
+    name = "slurm"
+    script_name = "job.sbatch"
+    directive_prefix = "#SBATCH"
+    poll_seconds = 2.0
+    Options = SlurmOptions
+
+    def directives(self, plan: "LaunchPlan") -> list[str]:
+        out = [
+            f"--job-name={plan.scheduler_job_name}",
+            f"--nodes={plan.nodes}",
+            f"--ntasks={plan.world_size}",  # sbatch needs -n for the srun inside to start more than one task
+            f"--ntasks-per-node={plan.tasks_per_node}",
+            f"--cpus-per-task={plan.cpus_per_task}",
+        ]
+        if plan.gpus_per_node:
+            kind = f"gpu:{plan.gpu_type}" if plan.gpu_type else "gpu"
+            if self.options.gpu_request == "gres":
+                out.append(f"--gres={kind}:{plan.gpus_per_node}")
+            else:
+                typed = f"{plan.gpu_type}:" if plan.gpu_type else ""
+                out.append(f"--gpus-per-node={typed}{plan.gpus_per_node}")
+        out.append(f"--time={slurm_time(plan.time_seconds)}")
+        out.append(f"--partition={plan.partition}")
+        if plan.account:
+            out.append(f"--account={plan.account}")
+        if self.options.exclusive:
+            out.append("--exclusive")
+        out.append(f"--output={OUTPUT_FILE}")  # relative to the submit dir = the job folder
+        return out
+
+    @staticmethod
+    def parse_job_id(text: str) -> str:
+        line = text.strip().splitlines()[-1].strip() if text.strip() else ""
+        match = _JOB_ID.match(line)
+        if not match:
+            raise SchedulerError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
+        return match.group(1)
+
+    def submit(self, job_dir: Path, script: Path) -> Submitted:
+        done = run_command(["sbatch", "--parsable", script.name], cwd=job_dir)
+        if done.returncode != 0:
+            raise SchedulerError(f"sbatch refused the job: {_one_line(done.stderr or done.stdout)}")
+        return Submitted(self.parse_job_id(done.stdout))
+
+    def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
+        for ask in (self._squeue, self._scontrol, self._sacct):
+            found = ask(job_id)
+            if found is not None:
+                return found
+        return status_from_exit_file(job_dir) or JobStatus(UNKNOWN, reason="Slurm no longer knows this job",
+                                                           source="none")
+
+    def cancel(self, job_id: str, job_dir: Path | None) -> None:
+        done = run_command(["scancel", job_id])
+        if done.returncode != 0:
+            raise SchedulerError(f"scancel {job_id}: {_one_line(done.stderr or done.stdout)}")
+
+    # -- the three ways to ask, newest information first ---------------------------------------------------
+
+    def _squeue(self, job_id: str) -> JobStatus | None:
+        done = run_command(["squeue", "--json", "--jobs", job_id])
+        if done.returncode == 0:
+            try:
+                jobs = json.loads(done.stdout).get("jobs", [])
+            except ValueError:
+                jobs = None
+            if jobs is not None:
+                for job in jobs:
+                    if str(job.get("job_id")) == job_id.split("_")[0] or str(job.get("array_job_id")) == job_id:
+                        word = job.get("job_state")
+                        word = " ".join(word) if isinstance(word, list) else str(word)
+                        return JobStatus(slurm_state(word), raw=word, reason=str(job.get("state_reason") or ""),
+                                         source="squeue --json")
+                return None
+        # squeue without JSON support (built without the serializer) answers in plain text
+        done = run_command(["squeue", "--noheader", "--jobs", job_id, "--format", "%T|%r"])
+        if done.returncode != 0 or not done.stdout.strip():
+            return None
+        word, _, reason = done.stdout.strip().splitlines()[0].partition("|")
+        return JobStatus(slurm_state(word), raw=word, reason=reason, source="squeue")
+
+    def _scontrol(self, job_id: str) -> JobStatus | None:
+        done = run_command(["scontrol", "show", "job", "--oneliner", job_id])
+        if done.returncode != 0 or "JobState=" not in done.stdout:
+            return None
+        fields = parse_scontrol(done.stdout.splitlines()[0])
+        word = fields.get("JobState", "")
+        code = _exit_code(fields.get("ExitCode", ""))
+        return JobStatus(slurm_state(word), raw=word, exit_code=code, reason=fields.get("Reason", ""),
+                         source="scontrol show job")
+
+    def _sacct(self, job_id: str) -> JobStatus | None:
+        if self.options.sacct == "never" or shutil.which("sacct") is None:
+            return None
+        done = run_command(["sacct", "--jobs", job_id, "--allocations", "--noheader", "--parsable2",
+                            "--format", "State,ExitCode"])
+        lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
+        if done.returncode != 0 or not lines:
+            return None
+        word, _, code = lines[0].partition("|")
+        return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct")
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value two`` (scontrol --oneliner) -> dict; values may contain spaces."""
+    out: dict[str, str] = {}
+    for match in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)", line.strip()):
+        out.setdefault(match.group(1), match.group(2))
+    return out
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "(no message)"
+
+
+SCHEDULER = SlurmScheduler

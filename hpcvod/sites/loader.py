@@ -1,0 +1,241 @@
+"""Reading site profiles: YAML, ``extends:``, validation with file:line and key path, and discovery."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.sites.profile import SiteProfile, check_profile
+from hpcvod.sites.spec import from_data
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+NOT_INHERITED = ("hostnames",)  # a profile that extends another does not claim the other's login nodes
+
+
+@dataclass(frozen=True)
+class Site:
+    """A validated profile, where it came from, and its scheduler options."""
+
+    name: str
+    source: str
+    profile: SiteProfile
+    scheduler_options: Any
+    data: dict[str, Any]  # the merged YAML data (after extends), for `sites show`
+
+    def scheduler(self):  # -> hpcvod.schedulers.base.Scheduler
+        from hpcvod.schedulers import scheduler_class
+
+        return scheduler_class(self.profile.scheduler)(self.scheduler_options)
+
+
+# ---- where profiles live ----------------------------------------------------------------------------------
+
+
+def shipped_dir() -> Path:
+    """The profiles shipped with hpcvod (hpcvod/site_configs is the repository's site-configs/ folder)."""
+    return Path(__file__).resolve().parent.parent / "site_configs"
+
+
+def user_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    config = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config) / "hpcvod" / "sites"
+
+
+def search_dirs(environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where profiles are looked up by name, first match wins: $HPCVOD_SITE_PATH (the admins'), the user's
+    ~/.config/hpcvod/sites, then the shipped ones."""
+    dirs = [Path(p) for p in environ.get("HPCVOD_SITE_PATH", "").split(os.pathsep) if p]
+    return dirs + [user_dir(environ), shipped_dir()]
+
+
+def site_files(environ: Mapping[str, str] = os.environ, include_bases: bool = False) -> dict[str, Path]:
+    """Every profile that can be named, name -> file (earlier folders shadow later ones).
+    Files whose name starts with '_' are bases for ``extends`` and are listed only on request."""
+    found: dict[str, Path] = {}
+    for folder in search_dirs(environ):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.suffix in (".yaml", ".yml") and (include_bases or not path.stem.startswith("_")):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def _looks_like_path(text: str) -> bool:
+    return os.sep in text or text.endswith((".yaml", ".yml"))
+
+
+# ---- loading ----------------------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such site profile file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read site profile ({err})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{where}: not valid YAML: {problem} (is the file truncated?)") from None
+    if data is None:
+        raise UserError(f"{path}: empty site profile (expected a mapping with scheduler, partitions, launcher, mpi)")
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of profile keys at the top, got a {type(data).__name__}")
+    return data
+
+
+def _line_of(path: Path, key_path: tuple) -> int | None:
+    """The line of the deepest part of ``key_path`` present in the file (for error messages only)."""
+    try:
+        node = yaml.compose(path.read_text(), Loader=_Loader)
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in key_path:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if getattr(k, "value", None) == part]
+            if not match:
+                break
+            line = match[0][0].start_mark.line + 1
+            node = match[0][1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else in the child replaces the base's value."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, str]) -> tuple[dict, list[Path]]:
+    """The file's data merged over its ``extends`` chain, and the files that contributed (child first)."""
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data, [path]
+    if not isinstance(parent, str) or not parent.strip():
+        raise ProfileError(("extends",), f"expected a profile name or path, got {parent!r}", str(path))
+    if _looks_like_path(parent):
+        base_path = (path.parent / parent).resolve()
+    else:
+        files = site_files(environ, include_bases=True)
+        base_path = files.get(parent)
+        if base_path is None or base_path.resolve() == path.resolve():
+            base_path = next((path.parent / f"{parent}{ext}" for ext in (".yaml", ".yml")
+                              if (path.parent / f"{parent}{ext}").exists()), None)
+        if base_path is None:
+            raise ProfileError(("extends",), f"no profile named {parent!r} to extend", _where(path, ("extends",)))
+    if base_path.resolve() in [p.resolve() for p in chain + (path,)]:
+        cycle = " -> ".join(str(p) for p in chain + (path, base_path))
+        raise ProfileError(("extends",), f"profiles extend each other in a circle: {cycle}", str(path))
+    if not base_path.exists():
+        raise ProfileError(("extends",), f"{base_path} does not exist", _where(path, ("extends",)))
+    base, contributors = _data_with_bases(base_path, chain + (path,), environ)
+    base = {k: v for k, v in base.items() if k not in NOT_INHERITED and k != "extends"}
+    merged = _merge(base, data)
+    merged.pop("extends", None)
+    return merged, [path] + contributors
+
+
+def _where(path: Path, key_path: tuple) -> str:
+    line = _line_of(path, key_path)
+    return f"{path}:{line}" if line else str(path)
+
+
+def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ) -> Site:
+    """Load, merge and validate one profile file; every problem is a one-line UserError."""
+    from hpcvod.schedulers import scheduler_class
+    from hpcvod.schedulers.base import options_from
+
+    path = Path(path)
+    data, contributors = _data_with_bases(path, (), environ)
+    try:
+        profile = from_data(SiteProfile, data)
+        check_profile(profile)
+        options = options_from(scheduler_class(profile.scheduler).Options, data.get("scheduler_options") or {}, None)
+    except ProfileError as err:
+        # name the file (and line) that holds the offending key: the profile itself or one of its bases
+        where = next((_where(p, err.key_path) for p in contributors if _line_of(p, err.key_path[:1])), str(path))
+        raise err.located(where) from None
+    return Site(name=path.stem, source=str(path), profile=profile, scheduler_options=options, data=data)
+
+
+def check_base_file(path: str | Path) -> None:
+    """Validate a base profile (one that others extend) key by key; required keys may be missing."""
+    from hpcvod.sites.spec import check_keys
+
+    path = Path(path)
+    data = _read_yaml(path)
+    try:
+        check_keys(SiteProfile, data)
+    except ProfileError as err:
+        raise err.located(_where(path, err.key_path)) from None
+
+
+def _unknown_site(name: str, origin: str, environ: Mapping[str, str]) -> UserError:
+    known = sorted(site_files(environ))
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return UserError(f"unknown site {name!r} ({origin}): expected one of {', '.join(known)}{hint} "
+                     f"(or a path to a .yaml file)")
+
+
+def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ) -> Site:
+    """A profile by name (looked up in the search folders) or by path."""
+    if not name_or_path.strip():
+        raise UserError(f"empty site name ({origin})")
+    if _looks_like_path(name_or_path) or Path(name_or_path).is_file():
+        if not Path(name_or_path).is_file():
+            raise UserError(f"site file {name_or_path!r} ({origin}): no such file")
+        return load_site_file(name_or_path, environ)
+    path = site_files(environ, include_bases=True).get(name_or_path)
+    if path is None:
+        raise _unknown_site(name_or_path, origin, environ)
+    return load_site_file(path, environ)
+
+
+def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The first profile whose ``hostnames`` patterns match this host (read without full validation)."""
+    for path in site_files(environ).values():
+        try:
+            patterns = yaml.load(path.read_text(), Loader=_Loader).get("hostnames") or []
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue  # a broken profile is reported when it is used, not while guessing
+        if isinstance(patterns, list) and any(isinstance(p, str) and fnmatch.fnmatchcase(hostname, p) for p in patterns):
+            return path
+    return None
+
+
+def discover_site(requested: str | None, hostname: str, environ: Mapping[str, str] = os.environ) -> Site:
+    """The site a command uses: --site, then $HPCVOD_SITE, then a profile claiming this hostname, then local."""
+    if requested:
+        return load_site(requested, "--site", environ)
+    if environ.get("HPCVOD_SITE"):
+        return load_site(environ["HPCVOD_SITE"], "$HPCVOD_SITE", environ)
+    by_host = site_for_host(hostname, environ)
+    if by_host is not None:
+        return load_site_file(by_host, environ)
+    return load_site("local", "the default site", environ)

@@ -1,0 +1,362 @@
+"""Typed dataclasses as the single definition of a configuration format.
+
+A format is declared once as dataclasses whose fields carry a doc string (``doc(...)``) and whose types
+may be annotated with constraints (``Annotated[int, Min(1)]``). From that one declaration this module
+derives both directions that would otherwise drift apart:
+
+* ``from_data(cls, data)`` turns parsed YAML into instances, with errors that name the key path and what
+  was expected, and a "did you mean" for unknown keys;
+* ``json_schema(cls)`` produces the JSON Schema that editors and ``hpcvod sites schema`` publish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, Callable, Literal, Union
+
+from hpcvod.sites.errors import ProfileError
+
+KeyPath = tuple[Union[str, int], ...]
+
+
+# ---- constraints, used as typing.Annotated[...] extras -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Min:
+    """Smallest allowed integer."""
+
+    value: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """Regular expression a string must match in full; ``meaning`` says in words what it expects."""
+
+    regex: str
+    meaning: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """A string from a set known only at run time (e.g. the scheduler modules that exist)."""
+
+    values: Callable[[], list[str]]
+
+
+ONE_LINE = Pattern(r"[^\n\r]*", "one line of text")
+ENV_NAME = Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class EnvValue(str):
+    """Marker type: an environment value; YAML numbers are accepted and kept as their text."""
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its documentation (the one place a field is described)."""
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata={"doc": text})
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+# ---- type introspection ----------------------------------------------------------------------------------
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
+    return _HINTS[cls]
+
+
+def _split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *extras = typing.get_args(tp)
+        return base, tuple(extras)
+    return tp, ()
+
+
+def _union_args(tp: Any) -> tuple[Any, ...] | None:
+    origin = typing.get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        return typing.get_args(tp)
+    return None
+
+
+def _describe(tp: Any) -> str:
+    """What a type expects, in words, for error messages."""
+    base, extras = _split_annotated(tp)
+    for extra in extras:
+        if isinstance(extra, Pattern):
+            return extra.meaning
+        if isinstance(extra, Choices):
+            return "one of " + ", ".join(repr(v) for v in extra.values())
+        if isinstance(extra, Min) and base is int:
+            return f"an integer >= {extra.value}"
+    args = _union_args(base)
+    if args is not None:
+        return " or ".join(_describe(a) for a in args)
+    if base is type(None):
+        return "nothing (null)"
+    if typing.get_origin(base) is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(base))
+    if base is str:
+        return "a string"
+    if base is EnvValue:
+        return "a string or a number"
+    if base is int:
+        return "an integer"
+    if base is bool:
+        return "true or false"
+    if typing.get_origin(base) is list:
+        return "a list"
+    if typing.get_origin(base) is dict or dataclasses.is_dataclass(base):
+        return "a mapping"
+    return str(base)
+
+
+def _got(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+# ---- data -> instances -----------------------------------------------------------------------------------
+
+
+def from_data(cls: type, data: Any, path: KeyPath = ()) -> Any:
+    """Build a ``cls`` instance from parsed YAML/JSON, raising ProfileError at the first problem."""
+    return _convert(cls, data, path)
+
+
+def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
+    base, extras = _split_annotated(tp)
+    args = _union_args(base)
+    if args is not None:
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, path)
+            except ProfileError as err:
+                errors.append(err)
+        # A single non-null option gives the more precise message (e.g. an unknown key deep inside).
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1 and errors:
+            raise errors[0]
+        raise ProfileError(path, f"expected {_describe(tp)}, got {_got(value)}")
+    if dataclasses.is_dataclass(base):
+        return _convert_dataclass(base, value, path)
+    if typing.get_origin(base) is Literal:
+        if value in typing.get_args(base) and type(value) is not bool:
+            return value
+        raise ProfileError(path, f"expected {_describe(base)}, got {_got(value)}")
+    if typing.get_origin(base) is list:
+        if not isinstance(value, list):
+            raise ProfileError(path, f"expected a list, got {_got(value)}")
+        (item_tp,) = typing.get_args(base)
+        return [_convert(item_tp, item, path + (i,)) for i, item in enumerate(value)]
+    if typing.get_origin(base) is dict:
+        if not isinstance(value, dict):
+            raise ProfileError(path, f"expected a mapping, got {_got(value)}")
+        key_tp, val_tp = typing.get_args(base)
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ProfileError(path, f"keys must be strings, got {_got(key)}")
+            _convert(key_tp, key, path + (key,))
+            out[key] = _convert(val_tp, item, path + (key,))
+        return out
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            for extra in extras:
+                if isinstance(extra, Min) and value < extra.value:
+                    raise ProfileError(path, f"expected an integer >= {extra.value}, got {value}")
+            return value
+    elif base is EnvValue:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ProfileError(path, f"expected a string or a number (quote yes/no/true/false in YAML), got {_got(value)}")
+    elif base is str:
+        if isinstance(value, str):
+            for extra in extras:
+                if isinstance(extra, Pattern) and not re.fullmatch(extra.regex, value):
+                    raise ProfileError(path, f"expected {extra.meaning}, got {_got(value)}")
+                if isinstance(extra, Choices) and value not in extra.values():
+                    raise ProfileError(path, f"expected {_describe(tp)}, got {_got(value)}" + _did_you_mean(value, extra.values()))
+            return value
+    else:  # pragma: no cover - a type the format should not use
+        raise TypeError(f"unsupported field type {base!r}")
+    hint = ""
+    if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        hint = " (YAML reads unquoted numbers and times like 48:00:00 as numbers: quote the value)"
+    raise ProfileError(path, f"expected {_describe(tp)}, got {_got(value)}{hint}")
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _convert_dataclass(cls: type, value: Any, path: KeyPath) -> Any:
+    if not isinstance(value, dict):
+        raise ProfileError(path, f"expected a mapping, got {_got(value)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in value:
+        if key not in fields:
+            known = sorted(fields)
+            hint = _did_you_mean(str(key), known)
+            raise ProfileError(path + (str(key),), f"unknown key{hint or ''}" + ("" if hint else f" (expected one of: {', '.join(known)})"))
+    hints = _hints(cls)
+    kwargs = {}
+    for name, f in fields.items():
+        if name in value:
+            kwargs[name] = _convert(hints[name], value[name], path + (name,))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ProfileError(path + (name,), f"missing required key (expected {_describe(hints[name])})")
+    return cls(**kwargs)
+
+
+def check_keys(cls: type, data: Any, path: KeyPath = ()) -> None:
+    """Check the keys present in ``data`` without requiring the required ones (a base for ``extends``)."""
+    if not isinstance(data, dict):
+        raise ProfileError(path, f"expected a mapping, got {_got(data)}")
+    hints = _hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in fields:
+            hint = _did_you_mean(str(key), sorted(fields))
+            raise ProfileError(path + (str(key),), f"unknown key{hint}")
+        _convert(hints[key], value, path + (key,))
+
+
+def to_data(obj: Any) -> Any:
+    """Instances back to plain data (for ``sites show`` and the job's resolved request)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_data(v) for v in obj]
+    if isinstance(obj, EnvValue):
+        return str(obj)
+    return obj
+
+
+# ---- JSON Schema ------------------------------------------------------------------------------------------
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a dataclass format; nested dataclasses go to ``$defs``."""
+    defs: dict[str, Any] = {}
+    root = _schema_of(cls, defs, top=True)
+    root = {"$schema": "https://json-schema.org/draft/2020-12/schema", **root}
+    if defs:
+        root["$defs"] = defs
+    return root
+
+
+def _schema_of(tp: Any, defs: dict[str, Any], top: bool = False) -> dict[str, Any]:
+    base, extras = _split_annotated(tp)
+    args = _union_args(base)
+    if args is not None:
+        return {"anyOf": [_schema_of(a, defs) for a in args]}
+    if base is type(None):
+        return {"type": "null"}
+    if dataclasses.is_dataclass(base):
+        body = _dataclass_schema(base, defs)
+        if top:
+            return body
+        defs.setdefault(base.__name__, body)
+        return {"$ref": f"#/$defs/{base.__name__}"}
+    if typing.get_origin(base) is Literal:
+        return {"enum": list(typing.get_args(base))}
+    if typing.get_origin(base) is list:
+        return {"type": "array", "items": _schema_of(typing.get_args(base)[0], defs)}
+    if typing.get_origin(base) is dict:
+        key_tp, val_tp = typing.get_args(base)
+        out: dict[str, Any] = {"type": "object", "additionalProperties": _schema_of(val_tp, defs)}
+        key_schema = _schema_of(key_tp, defs)
+        names = {k: v for k, v in key_schema.items() if k in ("pattern", "enum")}
+        if names:
+            out["propertyNames"] = names
+        return out
+    if base is bool:
+        return {"type": "boolean"}
+    if base is EnvValue:
+        return {"type": ["string", "number"]}
+    if base is int:
+        out = {"type": "integer"}
+        for extra in extras:
+            if isinstance(extra, Min):
+                out["minimum"] = extra.value
+        return out
+    if base is str:
+        out = {"type": "string"}
+        for extra in extras:
+            if isinstance(extra, Pattern):
+                out["pattern"] = f"^(?:{extra.regex})$"
+            if isinstance(extra, Choices):
+                out["enum"] = list(extra.values())
+        return out
+    raise TypeError(f"unsupported field type {base!r}")  # pragma: no cover
+
+
+def _dataclass_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
+    hints = _hints(cls)
+    props = {}
+    required = []
+    for f in dataclasses.fields(cls):
+        prop = _schema_of(hints[f.name], defs)
+        if f.metadata.get("doc"):
+            prop = {"description": f.metadata["doc"], **prop}
+        if f.default is not dataclasses.MISSING and f.default is not None and not dataclasses.is_dataclass(f.default):
+            prop["default"] = f.default
+        props[f.name] = prop
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
+    if cls.__doc__:
+        out = {"description": " ".join(cls.__doc__.split()), **out}
+    if required:
+        out["required"] = required
+    return out
+
+
+def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, expected, doc) for every field, nested sections included: the reference table of docs/sites.md."""
+    rows = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = prefix + f.name
+        base, _ = _split_annotated(tp)
+        args = _union_args(base) or (base,)
+        inner = [a for a in args if a is not type(None)]
+        rows.append((key, _describe(tp), f.metadata.get("doc", "")))
+        for a in inner:
+            a_base, _ = _split_annotated(a)
+            if dataclasses.is_dataclass(a_base):
+                rows.extend(field_docs(a_base, key + "."))
+            elif typing.get_origin(a_base) is dict and dataclasses.is_dataclass(typing.get_args(a_base)[1]):
+                rows.extend(field_docs(typing.get_args(a_base)[1], key + ".<name>."))
+    return rows
