@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +48,6 @@ def detect_host() -> HostFacts:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return HostFacts(hostname=socket.gethostname(), cpu_count=cpus, gpu_count=_gpu_count(),
+    return HostFacts(hostname=os.uname().nodename, cpu_count=cpus, gpu_count=_gpu_count(),
                      python=sys.executable, is_root=hasattr(os, "geteuid") and os.geteuid() == 0,
                      cwd=str(Path.cwd()))

@@ -7,6 +7,7 @@ instead of opening a shell injection.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,26 @@ def _finalize(value: Any) -> Any:
     raise UnquotedValue(f"template wrote {value!r} without |q")
 
 
+def _bytecode_cache():  # -> jinja2.BytecodeCache | None
+    """Compiled templates kept in the user's cache folder: compiling them costs more than the rest of a dry-run.
+    Entries are keyed by the template's source checksum, so an edited template is never served stale."""
+    import jinja2
+
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpcvod" / "templates"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # a read-only home: compile every time
+    return jinja2.FileSystemBytecodeCache(str(folder))
+
+
 @lru_cache(maxsize=1)
 def environment():  # -> jinja2.Environment
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                             finalize=_finalize)
+                             finalize=_finalize, bytecode_cache=_bytecode_cache())
     env.filters["q"] = shell_quote
     return env
 

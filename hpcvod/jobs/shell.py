@@ -49,7 +49,7 @@ def shell_join(words: "list[str] | tuple[str, ...]") -> Verbatim:
 def safe_name(text: str, limit: int = 64) -> str:
     """A job name every scheduler accepts (PBS: starts with a letter, no spaces); the user's own name is
     kept verbatim in HPCVOD_JOB_NAME."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._-") or "job"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._-") or "job"
     if not name[0].isalpha():
         name = "j" + name
     return name[:limit]

@@ -133,8 +133,8 @@ class SlurmScheduler(Scheduler):
                     if str(job.get("job_id")) == job_id.split("_")[0] or str(job.get("array_job_id")) == job_id:
                         word = job.get("job_state")
                         word = " ".join(word) if isinstance(word, list) else str(word)
-                        return JobStatus(slurm_state(word), raw=word, reason=str(job.get("state_reason") or ""),
-                                         source="squeue --json")
+                        return JobStatus(slurm_state(word), raw=word, exit_code=_json_exit_code(job.get("exit_code")),
+                                         reason=str(job.get("state_reason") or ""), source="squeue --json")
                 return None
         # squeue without JSON support (built without the serializer) answers in plain text
         done = run_command(["squeue", "--noheader", "--jobs", job_id, "--format", "%T|%r"])
@@ -163,6 +163,20 @@ class SlurmScheduler(Scheduler):
             return None
         word, _, code = lines[0].partition("|")
         return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct")
+
+
+def _json_exit_code(value: object) -> int | None:
+    """squeue --json's exit_code: an int (Slurm 22.05) or {"status": [...], "return_code": N, "signal": {...}}."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        code = value.get("return_code")
+        if isinstance(code, dict):  # 23.11+: {"set": true, "number": N}
+            code = code.get("number") if code.get("set", True) else None
+        return code if isinstance(code, int) else None
+    return None
 
 
 def parse_scontrol(line: str) -> dict[str, str]:

@@ -1,0 +1,52 @@
+"""Helpers for the submission-side tests: the real CLI in a subprocess, fixed host facts for golden files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcvod.jobs.host import HostFacts
+from hpcvod.launchers.flavour import MpiInstall
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden"
+# A fixed, absolute working directory so golden scripts do not depend on where the tests run.
+GOLDEN_WORKDIR = Path("/tmp/hpcvod-golden-workdir")
+
+
+def golden_host(flavour: str = "mpich", gpus: int = 0, is_root: bool = False) -> HostFacts:
+    """The same machine every time: golden files must not change with the machine they are made on."""
+    launcher = {"mpich": "/opt/mpich/bin/mpiexec", "openmpi": "/opt/openmpi/bin/mpiexec",
+                "intelmpi": "/opt/intel/mpi/bin/mpiexec"}[flavour]
+    return HostFacts(hostname="login1", cpu_count=8, gpu_count=gpus, python="/opt/venv/bin/python",
+                     is_root=is_root, cwd=str(GOLDEN_WORKDIR), mpi=MpiInstall(flavour, launcher, "fixed for tests"))
+
+
+def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment without hpcvod settings, with an empty user config folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCVOD_")}
+    env["XDG_CONFIG_HOME"] = str(tmp / "xdg-config")
+    env.update(extra)
+    return env
+
+
+def hpcvod(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120,
+           input: str | None = None) -> subprocess.CompletedProcess:
+    """The real `hpcvod` command (python -m hpcvod.cli) in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "hpcvod.cli", *args], cwd=cwd, env=env or clean_env(cwd),
+                          capture_output=True, text=True, timeout=timeout, input=input)
+
+
+def wait_until_finished(job: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        done = hpcvod("status", "--json", job, cwd=cwd, env=env)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)

@@ -1,0 +1,165 @@
+"""Scheduler directives checked against each scheduler's grammar, and the site's skip/extra override point."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from submission_helpers import golden_host
+from hpcvod.jobs.plan import resolve
+from hpcvod.jobs.render import render
+from hpcvod.jobs.spec import JobSpec
+from hpcvod.sites import load_site
+
+# PBS Pro (Reference Guide, qsub): a chunk is resource=value pairs joined by ':' after select=N
+PBS_NAME = re.compile(r"^[A-Za-z][^\s@:]{0,235}$")
+PBS_SELECT = re.compile(r"^select=(?P<n>[1-9]\d*)(?P<chunk>(?::[a-z_]+=[^:\s]+)+)$")
+PBS_WALLTIME = re.compile(r"^walltime=(\d+):([0-5]\d):([0-5]\d)$")
+PBS_PLACE = re.compile(r"^place=(free|pack|scatter|vscatter)(:(excl|shared|exclhost|group=\w+))*$")
+PBS_QUEUE_ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+@-]*$")
+
+
+def _directives(text: str, prefix: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(prefix + " "):
+            lines.append(line[len(prefix) + 1:])
+        elif line and not line.startswith("#"):
+            break  # qsub/sbatch stop reading directives at the first command
+    return lines
+
+
+def _plan(site_name: str, nodes: int, gpus: int, workdir, **spec):
+    site = load_site(site_name, environ={})
+    plan = resolve(JobSpec(program="train.py", nodes=nodes, gpus_per_node=gpus, **spec), site, golden_host(gpus=gpus))
+    return site, plan, render(plan, site.scheduler().template)
+
+
+@pytest.mark.parametrize("site_name", ["pbs-ib-openmpi", "pbs-roce-intelmpi"])
+@pytest.mark.parametrize("nodes,gpus", [(1, 0), (4, 4), (2, 2)])
+def test_pbs_pro_grammar(golden_workdir, site_name, nodes, gpus):
+    _, plan, text = _plan(site_name, nodes, gpus, golden_workdir, account="proj-42", time="1-02:03:04")
+    seen = {"select": 0, "walltime": 0, "place": 0}
+    flags = []
+    for directive in _directives(text, "#PBS"):
+        flag, _, value = directive.partition(" ")
+        flags.append(flag)
+        if flag == "-l":
+            if value.startswith("select="):
+                match = PBS_SELECT.match(value)
+                assert match, value
+                chunk = dict(kv.split("=") for kv in match.group("chunk")[1:].split(":"))
+                assert int(match.group("n")) == plan.nodes
+                assert int(chunk["mpiprocs"]) == plan.tasks_per_node
+                assert int(chunk["ncpus"]) == plan.tasks_per_node * plan.cpus_per_task
+                assert int(chunk.get("ngpus", 0)) == plan.gpus_per_node
+                seen["select"] += 1
+            elif value.startswith("walltime="):
+                match = PBS_WALLTIME.match(value)
+                assert match, value
+                h, m, s = map(int, match.groups())
+                assert h * 3600 + m * 60 + s == 26 * 3600 + 3 * 60 + 4
+                seen["walltime"] += 1
+            else:
+                assert PBS_PLACE.match(value), value
+                seen["place"] += 1
+        elif flag == "-N":
+            assert PBS_NAME.match(value), value
+        elif flag in ("-q", "-A"):
+            assert PBS_QUEUE_ACCOUNT.match(value), value
+        elif flag == "-j":
+            assert value == "oe"
+        elif flag == "-o":
+            assert value == "output.log"
+        else:
+            pytest.fail(f"unexpected PBS directive {directive!r}")
+    assert seen == {"select": 1, "walltime": 1, "place": 1}
+    assert sorted(set(flags)) == sorted(["-N", "-l", "-q", "-A", "-j", "-o"])
+    assert "-A proj-42" in _directives(text, "#PBS")
+
+
+SBATCH_OPTION = re.compile(r"^--(?P<opt>[a-z-]+)(=(?P<val>\S+))?$")
+SBATCH_KNOWN = {"job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "gres", "gpus-per-node",
+                "time", "partition", "account", "exclusive", "output"}
+
+
+@pytest.mark.parametrize("site_name", ["slurm-ib-openmpi", "slurm-roce-intelmpi"])
+@pytest.mark.parametrize("nodes,gpus", [(1, 0), (4, 4)])
+def test_sbatch_directives(golden_workdir, site_name, nodes, gpus):
+    _, plan, text = _plan(site_name, nodes, gpus, golden_workdir)
+    options = {}
+    for directive in _directives(text, "#SBATCH"):
+        match = SBATCH_OPTION.match(directive)
+        assert match and match.group("opt") in SBATCH_KNOWN, directive
+        options[match.group("opt")] = match.group("val")
+    assert int(options["nodes"]) == nodes
+    assert int(options["ntasks"]) == plan.world_size == nodes * plan.tasks_per_node
+    assert int(options["ntasks-per-node"]) == plan.tasks_per_node
+    if gpus:
+        gpu_request = options.get("gres") or options.get("gpus-per-node")
+        assert gpu_request.endswith(f":{gpus}") or gpu_request == str(gpus)
+        assert plan.tasks_per_node == gpus  # one rank per GPU
+    else:
+        assert "gres" not in options and "gpus-per-node" not in options
+    assert re.fullmatch(r"(\d+-)?\d\d:\d\d:\d\d", options["time"])
+
+
+def test_directive_skip_and_extra(golden_workdir, tmp_path):
+    profile = tmp_path / "site.yaml"
+    profile.write_text(
+        "extends: slurm-ib-openmpi\n"
+        "directives:\n  skip: ['--cpus-per-task']\n  extra: ['--constraint=ib&hdr', '--qos=high']\n")
+    site = load_site(str(profile), environ={})
+    plan = resolve(JobSpec(program="train.py", nodes=2, gpus_per_node=4), site, golden_host(gpus=4))
+    text = render(plan, site.scheduler().template)
+    directives = _directives(text, "#SBATCH")
+    assert not any(d.startswith("--cpus-per-task") for d in directives)
+    assert directives[-2:] == ["--constraint=ib&hdr", "--qos=high"]
+    # srun still gets the CPUs per task: skipping a directive only changes the allocation request
+    assert "--cpus-per-task=16" in text
+
+
+def test_gpu_request_styles(golden_workdir):
+    _, _, ib = _plan("slurm-ib-openmpi", 2, 4, golden_workdir)
+    _, _, roce = _plan("slurm-roce-intelmpi", 2, 4, golden_workdir)
+    assert "#SBATCH --gres=gpu:a100:4\n" in ib
+    assert "#SBATCH --gpus-per-node=h100:4\n" in roce
+
+
+def test_intel_mpi_under_srun_gets_pmi_library(golden_workdir):
+    _, plan, text = _plan("slurm-roce-intelmpi", 2, 8, golden_workdir)
+    assert plan.env["I_MPI_PMI_LIBRARY"].endswith("libpmi2.so.0")
+    assert "srun --mpi=pmi2 " in text
+    _, plan, text = _plan("slurm-ib-openmpi", 2, 4, golden_workdir)
+    assert "srun --mpi=pmix " in text and "I_MPI_PMI_LIBRARY" not in plan.env
+
+
+def test_roce_sets_gid_index_and_ethernet_disables_ib(golden_workdir):
+    _, plan, _ = _plan("pbs-roce-intelmpi", 1, 0, golden_workdir)
+    assert plan.env["NCCL_IB_GID_INDEX"] == "3"
+    _, plan, _ = _plan("local", 1, 0, golden_workdir)
+    assert plan.env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_layout_defaults(golden_workdir):
+    _, plan, _ = _plan("slurm-ib-openmpi", 2, 4, golden_workdir)
+    assert (plan.tasks_per_node, plan.cpus_per_task, plan.world_size) == (4, 16, 8)  # 64 cores / 4 GPU ranks
+    _, plan, _ = _plan("slurm-ib-openmpi", 1, 0, golden_workdir, partition="cpu")
+    assert (plan.tasks_per_node, plan.cpus_per_task) == (128, 1)  # one rank per slot
+    _, plan, _ = _plan("slurm-ib-openmpi", 1, 0, golden_workdir, partition="cpu", cpus_per_task=4)
+    assert (plan.tasks_per_node, plan.cpus_per_task) == (32, 4)
+
+
+def test_containers(golden_workdir):
+    _, plan, text = _plan("slurm-ib-openmpi", 1, 4, golden_workdir, container="nvcr.io/nvidia/pytorch:24.05-py3")
+    assert "--container-image=nvcr.io/nvidia/pytorch:24.05-py3" in plan.launch_argv
+    assert "--container-mounts=/scratch:/scratch" in plan.launch_argv
+    assert plan.program_argv[0] == "python3"  # the image's Python, not the login node's
+    profile_text = "extends: pbs-ib-openmpi\ncontainer:\n  runtime: apptainer\n  mounts: [/scratch]\n"
+    path = golden_workdir / "apptainer-site.yaml"
+    path.write_text(profile_text)
+    site = load_site(str(path), environ={})
+    plan = resolve(JobSpec(program="train.py", nodes=1, gpus_per_node=2, container="/images/t.sif"), site,
+                   golden_host(gpus=2))
+    assert plan.program_argv[:6] == ("apptainer", "exec", "--nv", "--bind", "/scratch", "/images/t.sif")

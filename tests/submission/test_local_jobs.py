@@ -1,0 +1,161 @@
+"""The `local` site for real: 2 MPI ranks end to end, status/logs/cancel, and hostile strings that must arrive
+verbatim and never run."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from submission_helpers import clean_env, hpcvod, wait_until_finished
+
+pytestmark = pytest.mark.timeout(300)
+
+RANKS = """
+import os, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"rank {comm.rank} of {comm.size} world={os.environ['HPCVOD_WORLD_SIZE']} site={os.environ['HPCVOD_SITE']}",
+      flush=True)
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 and comm.rank == 1 else 0)
+"""
+
+ECHO = """
+import json, os, sys
+out = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in ("EVIL1", "EVIL2", "EVIL3")},
+       "job_name": os.environ.get("HPCVOD_JOB_NAME"), "job_dir": os.environ.get("HPCVOD_JOB_DIR")}
+with open(os.path.join(os.environ["HPCVOD_JOB_DIR"], f"echo-{os.environ.get('PMI_RANK', '0')}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+SLEEPER = """
+import os, time
+os.write(1, f"sleeping {os.getpid()}\\n".encode())  # one write: ranks share the output file
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "ranks.py").write_text(RANKS)
+    (tmp_path / "echo.py").write_text(ECHO)
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    return tmp_path
+
+
+def _submit(workdir: Path, *args: str) -> dict:
+    done = hpcvod("submit", "--json", "--site", "local", *args, cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.mpi
+def test_two_ranks_end_to_end(workdir):
+    done = hpcvod("submit", "--site", "local", "--tasks-per-node", "2", "--wait", "--show-output", "ranks.py",
+                  cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 of 2 world=2 site=local" in done.stdout and "rank 1 of 2 world=2 site=local" in done.stdout
+    assert "COMPLETED" in done.stderr  # --wait's state line (plain lines: stderr is not a TTY here)
+    folders = list((workdir / "hpcvod-jobs").iterdir())
+    assert len(folders) == 1
+    folder = folders[0]
+    assert {"job.sh", "request.json", "job.json", "output.log", "exitcode"} <= {p.name for p in folder.iterdir()}
+    request = json.loads((folder / "request.json").read_text())
+    assert request["plan"]["world_size"] == 2 and request["plan"]["site"] == "local"
+    job_id = json.loads((folder / "job.json").read_text())["job_id"]
+    for job in (job_id, str(folder)):  # a job id or a job folder
+        status = json.loads(hpcvod("status", "--json", job, cwd=workdir, env=clean_env(workdir)).stdout)
+        assert status["state"] == "COMPLETED" and status["exit_code"] == 0
+        logs = hpcvod("logs", job, cwd=workdir, env=clean_env(workdir))
+        assert "rank 0 of 2" in logs.stdout and "rank 1 of 2" in logs.stdout
+
+
+@pytest.mark.mpi
+def test_failing_job_is_reported_failed(workdir):
+    done = hpcvod("submit", "--site", "local", "--tasks-per-node", "2", "--wait", "ranks.py", "3",
+                  cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 1
+    assert "FAILED" in done.stderr
+    job = next((workdir / "hpcvod-jobs").iterdir())
+    status = json.loads(hpcvod("status", "--json", str(job), cwd=workdir, env=clean_env(workdir)).stdout)
+    assert status["state"] == "FAILED" and status["exit_code"] != 0
+
+
+@pytest.mark.mpi
+def test_cancel_sleeping_job(workdir):
+    sub = _submit(workdir, "--tasks-per-node", "2", "sleeper.py")
+    env = clean_env(workdir)
+    try:
+        job_dir = Path(sub["job_dir"])
+        deadline = time.monotonic() + 60
+        while (not (job_dir / "output.log").exists() or
+               (job_dir / "output.log").read_text().count("sleeping") < 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(line.split()[1]) for line in (job_dir / "output.log").read_text().splitlines()
+                if line.startswith("sleeping")]
+        assert len(pids) == 2, (job_dir / "output.log").read_text()
+        status = json.loads(hpcvod("status", "--json", sub["job_id"], cwd=workdir, env=env).stdout)
+        assert status["state"] == "RUNNING"
+        done = hpcvod("cancel", sub["job_id"], cwd=workdir, env=env)
+        assert done.returncode == 0, done.stderr
+        status = wait_until_finished(sub["job_id"], workdir, env, timeout=30)
+        assert status["state"] == "CANCELLED" and status["exit_code"] == 143
+        for pid in pids:  # the ranks themselves are gone, not only the launcher
+            assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    finally:
+        hpcvod("cancel", sub["job_id"], cwd=workdir, env=env)  # never leave sleepers behind
+
+
+HOSTILE = [
+    "$(touch {marker}-dollar)",
+    "`touch {marker}-backtick`",
+    "a'b\"c; touch {marker}-semicolon",
+    "line1\ntouch {marker}-newline\nline3",
+    "\\\"'$HOME'${{IFS}}* ?[x]",
+]
+
+
+@pytest.mark.mpi
+def test_hostile_strings_arrive_verbatim_and_never_run(workdir, tmp_path):
+    marker = str(tmp_path / "PWNED")
+    values = [h.format(marker=marker) for h in HOSTILE]
+    job_name = f"name $(touch {marker}-name); `touch {marker}-name2`\nnext"
+    sub = _submit(workdir, "--tasks-per-node", "2", "--job-name", job_name,
+                  "--env", f"EVIL1={values[0]}", "--env", f"EVIL2={values[3]}", "--env", f"EVIL3={values[2]}",
+                  "echo.py", *values)
+    status = wait_until_finished(sub["job_id"], workdir, clean_env(workdir))
+    job_dir = Path(sub["job_dir"])
+    assert status["state"] == "COMPLETED", (job_dir / "output.log").read_text()
+    for rank in (0, 1):
+        seen = json.loads((job_dir / f"echo-{rank}.json").read_text())
+        assert seen["argv"] == values
+        assert seen["env"] == {"EVIL1": values[0], "EVIL2": values[3], "EVIL3": values[2]}
+        assert seen["job_name"] == job_name
+        assert seen["job_dir"] == str(job_dir)
+    assert not list(tmp_path.glob("PWNED*")), "a hostile string was executed"
+    assert not list(workdir.glob("PWNED*"))
+    # the rendered script keeps every value on its own line: nothing spills out of a comment or a word
+    script = (job_dir / "job.sh").read_text()
+    assert all(not line.startswith(("touch", "line3", "next")) for line in script.splitlines())
+    assert job_dir.name.startswith("name_touch_")  # the folder and the scheduler see a safe name
+
+
+def test_rendered_local_script_runs_by_hand(workdir):
+    """`bash job.sh` is the documented way to re-run a local job; it needs no hpcvod."""
+    (workdir / "plain.sh").write_text("#!/bin/sh\necho \"plain $HPCVOD_WORLD_SIZE $1\"\n")
+    (workdir / "plain.sh").chmod(0o755)
+    out = workdir / "again" / "job.sh"
+    out.parent.mkdir()
+    done = hpcvod("render", "--site", "local", "--tasks-per-node", "1", "-o", str(out), "./plain.sh", "a b",
+                  cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    import subprocess
+
+    ran = subprocess.run(["bash", str(out)], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("PMI")})
+    assert ran.returncode == 0, ran.stderr
+    assert "plain 1 a b" in ran.stdout
+    assert (out.parent / "exitcode").read_text().strip() == "0"
