@@ -1,0 +1,369 @@
+"""Checkpoint and resume for training scripts: survive time limits, preemption and requeues.
+
+A job that is stopped (``scontrol requeue``, preemption, the warning signal before its time limit) and started
+again must continue where it stopped: the same parameters, the same step, the same position in the data,
+and no step applied twice. This module gives training scripts that without tying them to a framework:
+the state is a dict of NumPy arrays (anything ``np.asarray`` takes: CPU tensors too) and plain Python values
+(int, float, bool, str, None; nested dicts of them), so a NumPy generator's ``bit_generator.state`` fits.
+
+    import hpcvod.runtime as hvd
+    from hpcvod.runtime.checkpoint import Checkpoint
+
+    hvd.init()
+    ckpt = Checkpoint()                      # $HPCVOD_CHECKPOINT_DIR, else $HPCVOD_JOB_DIR/checkpoints
+    state = ckpt.restore({"params": w0, "step": 0, "epoch": 0, "batch": 0})   # every rank
+    while state["step"] < total_steps:
+        ...one step from data position (state["epoch"], state["batch"])...
+        state["step"] += 1
+        stop = ckpt.stop_requested()         # every rank; True everywhere if any rank got SIGUSR1/SIGTERM
+        if stop or state["step"] % 100 == 0:
+            ckpt.save(state)                 # every rank calls it; rank 0 writes
+        if stop:
+            sys.exit(0)                      # the job script requeues the job (docs/preemption.md)
+
+Rank 0 writes each checkpoint to a temporary file, fsyncs it and renames it into place, so a checkpoint
+file either is complete or does not exist; ``restore`` uses the newest readable one. Files are NumPy
+``.npz`` archives loaded with ``allow_pickle=False``: loading a checkpoint never runs code.
+
+Collective calls (``restore``, ``save``, ``stop_requested``) go through ``hpcvod.runtime`` when it is
+initialised with more than one rank; without it (one process, a unit test) they work on this process alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import HpcvodConfigError, HpcvodInputError
+
+State = dict[str, Any]
+PathLike = Union[str, "os.PathLike[str]"]
+
+FORMAT_VERSION = 1
+_META_KEY = "__hpcvod_checkpoint__"
+_SCALARS = (bool, int, float, str, type(None))
+DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def default_directory(env: Optional[Mapping[str, str]] = None) -> Path:
+    """Where checkpoints go: $HPCVOD_CHECKPOINT_DIR, else $HPCVOD_JOB_DIR/checkpoints (docs/contract.md).
+
+    A job folder belongs to one submission and survives its requeues, so a requeued job resumes while a new
+    submission starts fresh. Outside a job neither is set: the caller must say where.
+    """
+    env = os.environ if env is None else env
+    if env.get("HPCVOD_CHECKPOINT_DIR"):
+        return Path(env["HPCVOD_CHECKPOINT_DIR"])
+    if env.get("HPCVOD_JOB_DIR"):
+        return Path(env["HPCVOD_JOB_DIR"]) / "checkpoints"
+    raise HpcvodConfigError(
+        "Checkpoint(): no directory given and neither HPCVOD_CHECKPOINT_DIR nor HPCVOD_JOB_DIR is set "
+        "(they are set inside jobs submitted by hpcvod); pass Checkpoint(directory=...)")
+
+
+# ---- state <-> archive -------------------------------------------------------------------------------------
+
+def _flatten(state: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """{'a': {'b': 1}} -> {('a', 'b'): 1}; validates keys and leaf types."""
+    if not isinstance(state, Mapping):
+        raise HpcvodInputError(f"checkpoint state{_where(prefix)} must be a dict, not {type(state).__name__}")
+    flat: dict[tuple[str, ...], Any] = {}
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise HpcvodInputError(f"checkpoint state{_where(prefix)}: key {key!r} is not a string")
+        path = prefix + (key,)
+        if isinstance(value, Mapping):
+            if not value:
+                raise HpcvodInputError(f"checkpoint state{_where(path)}: an empty dict cannot be stored")
+            flat.update(_flatten(value, path))
+        elif isinstance(value, _SCALARS):
+            flat[path] = value
+        elif isinstance(value, np.generic):  # np.int64(3) etc.: keep as a NumPy scalar of its dtype
+            flat[path] = np.asarray(value)
+        else:
+            array = np.asarray(value)
+            if array.dtype.hasobject:
+                raise HpcvodInputError(
+                    f"checkpoint state{_where(path)}: {type(value).__name__} is not storable (expected a NumPy "
+                    f"array or CPU tensor, int, float, bool, str, None or a dict of them)")
+            flat[path] = array
+    return flat
+
+
+def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> State:
+    out: State = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _where(path: Sequence[str]) -> str:
+    return "".join(f"[{k!r}]" for k in path)
+
+
+def write_archive(path: Path, state: Mapping[str, Any], step: int) -> None:
+    """Write `state` to `path` atomically: a temporary file in the same folder, fsync, rename, fsync folder."""
+    flat = _flatten(state)
+    arrays: dict[str, np.ndarray] = {}
+    entries = []
+    for i, (key_path, value) in enumerate(flat.items()):
+        if isinstance(value, np.ndarray):
+            arrays[f"a{i}"] = value
+            entries.append({"path": list(key_path), "array": f"a{i}"})
+        else:
+            if isinstance(value, float) and not math.isfinite(value):
+                entries.append({"path": list(key_path), "float": repr(value)})
+            else:
+                entries.append({"path": list(key_path), "value": value})
+    meta = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "entries": entries}
+    arrays[_META_KEY] = np.array(json.dumps(meta))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash of the node
+    finally:
+        os.close(dir_fd)
+
+
+def read_archive(path: Path) -> tuple[State, int]:
+    """(state, step) from a checkpoint file written by write_archive."""
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(str(npz[_META_KEY][()]))
+        if meta.get("format") != FORMAT_VERSION:
+            raise HpcvodInputError(f"{path}: checkpoint format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+        flat: dict[tuple[str, ...], Any] = {}
+        for entry in meta["entries"]:
+            key_path = tuple(entry["path"])
+            if "array" in entry:
+                flat[key_path] = npz[entry["array"]]
+            elif "float" in entry:
+                flat[key_path] = float(entry["float"])
+            else:
+                flat[key_path] = entry["value"]
+    return _unflatten(flat), int(meta["step"])
+
+
+def _check_compatible(restored: Mapping[str, Any], initial: Mapping[str, Any], source: Path) -> None:
+    """A checkpoint must hold the same keys, array shapes and dtypes as the initial state of this script."""
+    have, want = _flatten(restored), _flatten(initial)
+    missing = sorted(_where(p) for p in want.keys() - have.keys())
+    extra = sorted(_where(p) for p in have.keys() - want.keys())
+    if missing or extra:
+        raise HpcvodInputError(
+            f"checkpoint {source} does not fit this script's state: missing {', '.join(missing) or 'nothing'}; "
+            f"unexpected {', '.join(extra) or 'nothing'} (a checkpoint of another script or model version? "
+            f"use another checkpoint directory)")
+    for key_path, value in want.items():
+        got = have[key_path]
+        if isinstance(value, np.ndarray) and isinstance(got, np.ndarray):
+            if value.shape != got.shape or value.dtype != got.dtype:
+                raise HpcvodInputError(
+                    f"checkpoint {source}{_where(key_path)}: {got.dtype}{list(got.shape)} but this script starts "
+                    f"from {value.dtype}{list(value.shape)}")
+
+
+# ---- the helper ------------------------------------------------------------------------------------------------
+
+class Checkpoint:
+    """Save and restore a training state; notice the scheduler's stop signals.
+
+    ``directory``: where checkpoint files go (default: :func:`default_directory`).
+    ``keep``: how many of the newest checkpoints to keep (older ones are deleted after a save).
+    ``signals``: signals that mean "the job will be stopped soon: save and exit" -- SIGUSR1 (the time-limit
+    warning hpcvod's Slurm script asks for, forwarded by srun/mpirun) and SIGTERM (preemption, scancel,
+    requeue). An empty tuple leaves signal handling alone. Handlers are installed in the main thread only.
+    """
+
+    def __init__(self, directory: Optional[PathLike] = None, *, keep: int = 2,
+                 signals: Sequence[int] = DEFAULT_SIGNALS, prefix: str = "ckpt") -> None:
+        if keep < 1:
+            raise HpcvodInputError(f"Checkpoint(keep={keep}): keep at least 1 checkpoint")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+            raise HpcvodInputError(f"Checkpoint(prefix={prefix!r}): use letters, digits, _ . -")
+        self.directory = Path(directory) if directory is not None else default_directory()
+        self.keep = keep
+        self.prefix = prefix
+        self.resumed_from: Optional[int] = None  # the step restore() found, None for a fresh start
+        self._pattern = re.compile(rf"{re.escape(prefix)}-(\d+)\.npz")
+        self._signal: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+        for signum in signals:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    # -- signals -------------------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._signal is None:
+            print(f"hpcvod checkpoint: rank {_rank()} got {signal.Signals(signum).name}; saving and stopping at "
+                  f"the next stop_requested()", file=sys.stderr, flush=True)
+        self._signal = signum
+
+    @property
+    def signalled(self) -> Optional[int]:
+        """The stop signal this process received (None if none); stop_requested() is the collective answer."""
+        return self._signal
+
+    def stop_requested(self) -> bool:
+        """True on every rank when any rank received a stop signal (collective: call it on every rank)."""
+        local = np.array([1 if self._signal is not None else 0], dtype=np.int32)
+        return bool(_allreduce_max(local, self._name("stop"))[0])
+
+    def close(self) -> None:
+        """Put back the signal handlers that were there before."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- files ---------------------------------------------------------------------------------------------
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"{self.prefix}-{step:012d}.npz"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoint files in the directory, oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(self._pattern.fullmatch, names) if m)
+
+    def latest_step(self) -> Optional[int]:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    # -- collective operations -----------------------------------------------------------------------------
+
+    def save(self, state: Mapping[str, Any], step: Optional[int] = None) -> Optional[Path]:
+        """Save `state` as the checkpoint of `step` (default: state["step"]). Collective: every rank calls it,
+        rank 0 writes, and when it returns on any rank the file is complete on disk. Returns the path on rank 0.
+        """
+        if step is None:
+            step = state.get("step") if isinstance(state, Mapping) else None
+            if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+                raise HpcvodInputError("Checkpoint.save(): pass step=N or keep an int under state['step']")
+        step = int(step)
+        if step < 0:
+            raise HpcvodInputError(f"Checkpoint.save(step={step}): steps are >= 0")
+        written: Optional[Path] = None
+        error = ""
+        if _rank() == 0:
+            try:
+                written = self.path_for(step)
+                write_archive(written, state, step)
+                for old in self.steps()[:-self.keep]:
+                    self.path_for(old).unlink(missing_ok=True)
+            except (OSError, HpcvodInputError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        # one collective both waits for the file and tells every rank whether rank 0 managed to write it
+        error = _broadcast_object(error, self._name("saved"))
+        if error:
+            raise HpcvodInputError(f"Checkpoint.save(step={step}) failed on rank 0: {error}")
+        return written
+
+    def restore(self, initial: Mapping[str, Any]) -> State:
+        """The newest checkpoint's state on every rank, or `initial` when there is none (collective).
+
+        Rank 0 reads the file and broadcasts it, so other ranks need not see the same filesystem. A newest
+        file that cannot be read is reported and the one before it is used. The checkpoint must hold the
+        same keys, array shapes and dtypes as `initial` (HpcvodInputError otherwise).
+        """
+        initial_flat = _flatten(initial)  # validate the caller's state on every rank, before any collective
+        payload: Any = None
+        if _rank() == 0:
+            payload = self._load_newest(initial)
+        payload = _broadcast_object(payload, self._name("restore"))
+        if isinstance(payload, str):  # rank 0's error, raised on every rank
+            raise HpcvodInputError(payload)
+        if payload is None:
+            self.resumed_from = None
+            return _unflatten(dict(initial_flat))
+        state, step = payload
+        self.resumed_from = step
+        return state
+
+    def _load_newest(self, initial: Mapping[str, Any]) -> Any:
+        for step in reversed(self.steps()):
+            path = self.path_for(step)
+            try:
+                state, saved_step = read_archive(path)
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"hpcvod checkpoint: cannot read {path} ({type(exc).__name__}: {exc}); trying an older one",
+                      file=sys.stderr, flush=True)
+                continue
+            try:
+                _check_compatible(state, initial, path)
+            except HpcvodInputError as exc:
+                return str(exc)
+            print(f"hpcvod checkpoint: resuming from {path} (step {saved_step})", file=sys.stderr, flush=True)
+            return state, saved_step
+        return None
+
+    def _name(self, what: str) -> str:
+        # the same name each time: the runtime's response cache then knows it after the first call
+        return f"hpcvod.checkpoint.{self.prefix}.{what}"
+
+
+# ---- the runtime, when there is one ----------------------------------------------------------------------------
+
+def _distributed() -> bool:
+    from . import context
+
+    return context.is_initialized() and context.size() > 1
+
+
+def _rank() -> int:
+    from . import context
+
+    return context.rank() if context.is_initialized() else 0
+
+
+def _broadcast_object(obj: Any, name: str) -> Any:
+    if not _distributed():
+        return obj
+    from . import collectives
+
+    return collectives.broadcast_object(obj, root_rank=0, name=name)
+
+
+def _allreduce_max(array: np.ndarray, name: str) -> np.ndarray:
+    if not _distributed():
+        return array
+    from . import collectives
+
+    return np.asarray(collectives.allreduce(array, name=name, op=collectives.Max))
+
+
+__all__ = ["Checkpoint", "default_directory", "read_archive", "write_archive", "DEFAULT_SIGNALS"]
