@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", metavar="NAME", help="profile name or path")
     q = sites.add_parser("validate", help="check profile files; exit 2 if any is invalid")
     q.add_argument("files", metavar="FILE", nargs="+")
-    sites.add_parser("schema", help="the JSON Schema of a profile (for editors)")
+    q = sites.add_parser("schema", help="the JSON Schema of a profile (for editors)")
+    q.add_argument("--markdown", action="store_true", help="the key reference table of docs/sites.md instead")
 
     p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
                        usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")
@@ -288,7 +289,10 @@ def cmd_sites(args: argparse.Namespace) -> int:
     from hpcvod import sites
 
     if args.sites_command == "schema":
-        _print_json(sites.schema())
+        if args.markdown:
+            sys.stdout.write(sites.reference_markdown())
+        else:
+            _print_json(sites.schema())
         return EXIT_OK
     if args.sites_command == "list":
         rows = []

@@ -35,5 +35,25 @@ def schema() -> dict[str, Any]:
     return out
 
 
+def reference_markdown() -> str:
+    """The key reference of docs/sites.md, generated from the same definition as the schema."""
+    from hpcvod.schedulers import available_schedulers, scheduler_class
+    from hpcvod.sites.spec import field_docs
+
+    def table(rows: list[tuple[str, str, str]]) -> list[str]:
+        out = ["| key | expects | meaning |", "|---|---|---|"]
+        for key, expected, text in rows:
+            out.append(f"| `{key}` | {expected.replace('|', '/')} | {text.replace('|', '/')} |")
+        return out
+
+    lines = ["### Profile keys", ""] + table(field_docs(SiteProfile))
+    for name in available_schedulers():
+        rows = field_docs(scheduler_class(name).Options)
+        if rows:
+            lines += ["", f"### `scheduler_options` for `scheduler: {name}`", ""]
+            lines += table([(f"scheduler_options.{k}", e, t) for k, e, t in rows])
+    return "\n".join(lines) + "\n"
+
+
 __all__ = ["ProfileError", "Site", "SiteProfile", "UserError", "check_base_file", "discover_site", "load_site", "load_site_file",
-           "schema", "search_dirs", "shipped_dir", "site_files"]
+           "reference_markdown", "schema", "search_dirs", "shipped_dir", "site_files"]

@@ -103,7 +103,8 @@ def _describe(tp: Any) -> str:
     if base is type(None):
         return "nothing (null)"
     if typing.get_origin(base) is Literal:
-        return "one of " + ", ".join(repr(v) for v in typing.get_args(base))
+        values = typing.get_args(base)
+        return repr(values[0]) if len(values) == 1 else "one of " + ", ".join(repr(v) for v in values)
     if base is str:
         return "a string"
     if base is EnvValue:

