@@ -1,0 +1,422 @@
+"""init() / shutdown(), the world queries, process-set registration, timeline control and job aborts."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from typing import Any, Optional, Sequence, Union
+
+from .config import Settings
+from .errors import (HpcvodError, HpcvodInputError, HpcvodNotInitializedError, HpcvodRankFailureError,
+                     HpcvodStallError)
+from .process_sets import ProcessSet, global_process_set
+from .world import WorldInfo, check_world_size, hostname
+
+EXIT_RANK_FAILURE = 70   # another rank died or failed; this one was aborted
+EXIT_STALL = 71          # HPCVOD_STALL_SHUTDOWN_TIME_SECONDS was reached
+ABORT_GRACE_SECONDS = 1.0
+
+
+class Runtime:
+    """Everything init() sets up; one instance between init() and shutdown()."""
+
+    def __init__(self) -> None:
+        self.settings: Settings = Settings()
+        self.comm: Any = None
+        self.info: Optional[WorldInfo] = None
+        self.local_comm: Any = None
+        self.cross_comm: Any = None
+        self.lanes: dict[int, Any] = {}
+        self.sets: dict[int, ProcessSet] = {}
+        self.next_set_id = 1
+        self.watchdog: Any = None
+        self.timeline: Any = None
+        self.failed: Optional[str] = None
+        self.exit_code = 0
+        self.uncaught = False
+        self.prev_excepthook: Any = None
+        self.lock = threading.Lock()
+
+    @property
+    def global_lane(self) -> Any:
+        return self.lanes[0]
+
+
+_rt: Optional[Runtime] = None
+_atexit_registered = False
+
+
+def runtime() -> Runtime:
+    """The live runtime, or HpcvodNotInitializedError."""
+    rt = _rt
+    if rt is None:
+        raise HpcvodNotInitializedError("hpcvod has not been initialized; use hvd.init().")
+    return rt
+
+
+def is_initialized() -> bool:
+    """Whether init() has been called (and shutdown() not since)."""
+    return _rt is not None
+
+
+def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+    """Initialise the runtime on every rank (collective).
+
+    ``comm``: an mpi4py communicator, or a list of ``MPI.COMM_WORLD`` ranks to run on (only those ranks
+    call init); default ``MPI.COMM_WORLD``. ``process_sets``: ProcessSet objects to register at once
+    (the same list on every rank). With the default communicator, the world size is checked against
+    ``HPCVOD_WORLD_SIZE`` and the launcher's own variables (HpcvodWorldSizeError on a mismatch).
+    Calling init() again while initialised does nothing.
+    """
+    global _rt, _atexit_registered
+    if _rt is not None:
+        return
+    settings = Settings.from_env()
+    from mpi4py import MPI
+
+    from .engine import Lane
+    from .timeline import open_timeline
+    from .watchdog import Watchdog
+
+    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        raise HpcvodError(
+            "hpcvod needs MPI_THREAD_SERIALIZED or higher (its engine calls MPI from a background thread); "
+            "do not lower mpi4py.rc.thread_level")
+    if comm is None:
+        base = MPI.COMM_WORLD
+        check_world_size(base.Get_size(), MPI.Get_library_version())
+    elif isinstance(comm, MPI.Comm):
+        base = comm
+    else:
+        ranks = sorted(int(r) for r in comm)
+        base = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(ranks))
+        if base == MPI.COMM_NULL:
+            raise HpcvodInputError(f"hvd.init(comm={ranks}): rank {MPI.COMM_WORLD.Get_rank()} is not in the list")
+    rt = Runtime()
+    rt.settings = settings
+    rt.comm = base.Dup()
+    rank, size = rt.comm.Get_rank(), rt.comm.Get_size()
+    rt.local_comm = rt.comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    local_rank, local_size = rt.local_comm.Get_rank(), rt.local_comm.Get_size()
+    rt.cross_comm = rt.comm.Split(local_rank, rank)
+    me = hostname()
+    everyone = rt.comm.allgather((me, local_size))
+    rt.info = WorldInfo(
+        rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+        cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
+        is_homogeneous=len({ls for _, ls in everyone}) == 1, hostname=me,
+        thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
+    lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
+    rt.lanes[0] = lane
+    global_process_set._register(0, list(range(size)), rank, lane)
+    rt.sets[0] = global_process_set
+    if settings.timeline:
+        _set_timeline(rt, open_timeline(settings.timeline, rank, settings.timeline_mark_cycles))
+    for ps in process_sets or ():
+        _register_set(rt, ps)
+    rt.watchdog = Watchdog(rank, size, settings, lambda: _pending_everywhere(rt),
+                           lambda set_id: rt.sets[set_id].ranks if set_id in rt.sets else None,
+                           lambda reason, kind: _abort_job(rt, reason, kind))
+    warning = rt.watchdog.connect(rt.comm, [h for h, _ in everyone])
+    if warning and rank == 0:
+        print(warning, file=sys.stderr, flush=True)
+    rt.watchdog.start()
+    rt.prev_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    _rt = rt
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Shut the runtime down on this rank; operations still pending fail with HpcvodShutdownError."""
+    global _rt
+    rt = _rt
+    if rt is None:
+        return
+    _rt = None
+    busy = False
+    for set_id in sorted(rt.lanes, reverse=True):
+        lane = rt.lanes[set_id]
+        busy = busy or lane._driving
+        lane.stop()
+    if rt.timeline is not None:
+        timeline, rt.timeline = rt.timeline, None
+        for lane in rt.lanes.values():
+            lane.timeline = None
+        timeline.close()
+    if rt.watchdog is not None:
+        rt.watchdog.close()
+    for ps in list(rt.sets.values()):
+        if ps is not global_process_set:
+            ps._invalidate()
+    global_process_set._invalidate()
+    if sys.excepthook is _excepthook:
+        sys.excepthook = rt.prev_excepthook
+    if not busy and rt.failed is None:
+        for lane in rt.lanes.values():
+            lane.comm.Free()
+        for c in (rt.local_comm, rt.cross_comm, rt.comm):
+            c.Free()
+
+
+# ----------------------------------------------------------------------------------------- failures
+def _pending_everywhere(rt: Runtime) -> list[tuple[int, str, int, float]]:
+    out = []
+    for set_id, lane in list(rt.lanes.items()):
+        for name, kind, age in lane.pending():
+            out.append((set_id, name, kind, age))
+    return out
+
+
+def _abort_job(rt: Runtime, reason: str, kind: str) -> None:
+    """Called by the watchdog: fail every waiter, then exit non-zero (MPI calls may never return now)."""
+    with rt.lock:
+        if rt.failed is not None:
+            return
+        rt.failed = reason
+        rt.exit_code = EXIT_STALL if kind == "stall" else EXIT_RANK_FAILURE
+    rank = rt.info.rank if rt.info else -1
+    print(f"hpcvod: rank {rank}: aborting the job: {reason}", file=sys.stderr, flush=True)
+    exc: HpcvodError = (HpcvodStallError if kind == "stall" else HpcvodRankFailureError)(
+        f"rank {rank}: the job is being aborted: {reason}")
+    for lane in list(rt.lanes.values()):
+        lane.abort(exc)
+    time.sleep(ABORT_GRACE_SECONDS)   # let a waiting main thread raise and print its traceback
+    _hard_exit(rt.exit_code)
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _excepthook(etype: Any, value: Any, tb: Any) -> None:
+    rt = _rt
+    if rt is not None and rt.failed is None:
+        rt.uncaught = True
+        if rt.watchdog is not None:
+            rt.watchdog.report_failure(f"uncaught {etype.__name__}: {value}")
+    hook = rt.prev_excepthook if rt is not None and rt.prev_excepthook else sys.__excepthook__
+    hook(etype, value, tb)
+
+
+def _at_exit() -> None:
+    rt = _rt
+    if rt is None:
+        return
+    if rt.failed is not None:
+        _hard_exit(rt.exit_code)
+    if rt.uncaught:
+        # The other ranks are aborting; MPI_Finalize could wait for them forever.
+        _hard_exit(1)
+    shutdown()
+
+
+# ---------------------------------------------------------------------------------- world queries
+def _info() -> WorldInfo:
+    info = runtime().info
+    assert info is not None
+    return info
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return _info().size
+
+
+def rank() -> int:
+    """This process's rank, 0 .. size()-1."""
+    return _info().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this node (from a shared-memory split)."""
+    return _info().local_size
+
+
+def local_rank() -> int:
+    """This process's rank on its node (use it to pick a GPU)."""
+    return _info().local_rank
+
+
+def cross_size() -> int:
+    """Number of nodes that have a rank with this local rank."""
+    return _info().cross_size
+
+
+def cross_rank() -> int:
+    """This node's index among the ranks with the same local rank."""
+    return _info().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return _info().is_homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI provides MPI_THREAD_MULTIPLE."""
+    from mpi4py import MPI
+    return _info().thread_level >= MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True: hpcvod always runs its collectives over MPI (NCCL arrives with the GPU issue)."""
+    return True
+
+
+def mpi_built() -> bool:
+    """True when mpi4py is installed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def nccl_built() -> bool:
+    """False: NCCL support is not part of this release."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: hpcvod has no Gloo controller."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: hpcvod has no Gloo controller."""
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+# ----------------------------------------------------------------------------------- timeline
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline to ``file_path`` (rank 0; ``{rank}`` in the path: every rank)."""
+    from .timeline import open_timeline
+    rt = runtime()
+    stop_timeline()
+    _set_timeline(rt, open_timeline(file_path, rt.info.rank if rt.info else 0, mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stop the timeline and complete its JSON file."""
+    rt = runtime()
+    timeline = rt.timeline
+    if timeline is not None:
+        _set_timeline(rt, None)
+        timeline.close()
+
+
+def _set_timeline(rt: Runtime, timeline: Any) -> None:
+    rt.timeline = timeline
+    for lane in list(rt.lanes.values()):
+        lane.timeline = timeline
+
+
+# ------------------------------------------------------------------------------- process sets
+def _register_set(rt: Runtime, ps: ProcessSet) -> ProcessSet:
+    """Collective over every rank of the job: create the set's communicator and lane."""
+    from mpi4py import MPI
+
+    from .errors import HpcvodMismatchError
+    ranks = _set_ranks(rt, ps)
+    everyone = rt.comm.allgather(ranks)
+    if any(other != ranks for other in everyone):
+        detail = "; ".join(f"rank {r}: {rs}" for r, rs in enumerate(everyone))
+        raise HpcvodMismatchError(f"add_process_set() was called with different ranks: {detail}")
+    for other in rt.sets.values():
+        if other.ranks == ranks:
+            raise HpcvodInputError(f"a process set with ranks {ranks} already exists "
+                                   f"(id {other.process_set_id})")
+    me = rt.info.rank
+    sub = rt.comm.Split(0 if me in ranks else MPI.UNDEFINED, me)
+    return _attach_set(rt, ps, ranks, sub)
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Register a process set (collective: every rank calls it, in the same order, with the same ranks)."""
+    rt = runtime()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    return _register_set(rt, ps)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective over every rank). Returns False if it was not registered."""
+    from .errors import HpcvodMismatchError
+    rt = runtime()
+    set_id = process_set.process_set_id
+    if set_id == 0:
+        raise HpcvodInputError("the global process set cannot be removed")
+    everyone = rt.comm.allgather(set_id)
+    if any(other != set_id for other in everyone):
+        raise HpcvodMismatchError(f"remove_process_set() was called for different sets: ids {everyone}")
+    if set_id is None or set_id not in rt.sets:
+        return False
+    lane = rt.lanes.pop(set_id, None)
+    if lane is not None:
+        lane.stop()
+        lane.comm.Free()
+    del rt.sets[set_id]
+    process_set._invalidate()
+    return True
+
+
+def _attach_set(rt: Runtime, ps: ProcessSet, ranks: list[int], sub: Any) -> ProcessSet:
+    from mpi4py import MPI
+
+    from .engine import Lane
+    set_id = rt.next_set_id
+    rt.next_set_id += 1
+    lane = None
+    if sub != MPI.COMM_NULL:
+        lane = Lane(sub, set_id, ranks, rt.settings, rt.timeline)
+        rt.lanes[set_id] = lane
+    ps._register(set_id, ranks, rt.info.rank, lane)
+    rt.sets[set_id] = ps
+    return ps
+
+
+def _set_ranks(rt: Runtime, ps: Union[ProcessSet, Sequence[int]]) -> list[int]:
+    if not isinstance(ps, ProcessSet):
+        raise HpcvodInputError(f"expected a ProcessSet, got {ps!r}")
+    if ps.process_set_id is not None:
+        raise HpcvodInputError(f"{ps!r} is already registered")
+    if ps.mpi_comm is not None:
+        from mpi4py import MPI
+        group = ps.mpi_comm.Get_group() if ps.mpi_comm != MPI.COMM_NULL else MPI.GROUP_EMPTY
+        mine = group.Translate_ranks(list(range(group.Get_size())), rt.comm.Get_group()) \
+            if group != MPI.GROUP_EMPTY else []
+        # every rank must learn the members, including ranks outside the communicator
+        all_ranks = sorted({r for part in rt.comm.allgather(list(mine)) for r in part})
+        return all_ranks
+    ranks = list(ps.ranks)
+    size = rt.info.size
+    bad = [r for r in ranks if not 0 <= r < size]
+    if bad or not ranks:
+        raise HpcvodInputError(f"process set ranks {ranks} must be non-empty and within 0..{size - 1}")
+    return ranks

@@ -1,0 +1,894 @@
+"""The engine: negotiation by name, the response cache, tensor fusion and the MPI calls.
+
+One :class:`Lane` per process set this rank belongs to. A lane is a small Horovod controller:
+
+* **Queue.** ``submit`` appends a :class:`~hpcvod.runtime.handles.Handle` under a lock and, for asynchronous
+  calls, wakes the lane's background thread.
+* **Driving.** Exactly one thread at a time "drives" a lane (runs cycles; every MPI call of the lane happens
+  in the driver). A blocking call that finds the lane idle drives it itself, in the caller's thread, so a lone
+  ``allreduce`` costs one small negotiation plus one MPI call and no thread hand-off. Otherwise the background
+  thread drives, and callers of ``synchronize`` take over as soon as it lets go.
+* **Negotiation** (one cycle). Every rank that has pending work contributes a bit vector to one
+  ``Iallreduce(BOR)``: a bit per response-cache entry it has *not* submitted, plus flags. An entry whose bit
+  nobody set is ready everywhere; the common steady-state cycle is therefore one tiny collective. Ranks with
+  nothing pending do not take part (there is no cycle floor); the ones waiting poll the request with a short
+  spin and then a backing-off sleep, so a rank waiting for a slow peer does not burn a core. When any rank
+  holds a request the cache does not know (first iteration, new shape, cache off), the flags say so and all
+  ranks exchange their full pending lists (``allgather``); each rank then computes the same responses from the
+  same data: a name submitted by every rank with equal signatures becomes a response (and a cache entry), a
+  name submitted by every rank with different signatures becomes an :class:`HpcvodMismatchError` on every rank.
+* **Execution** in the agreed order. Ready allreduces of the same dtype/op/scaling are fused into one buffer
+  (up to ``HPCVOD_FUSION_THRESHOLD`` bytes) with one ``numpy.concatenate`` and reduced with one in-place
+  ``MPI_Allreduce``. In-place requests use the lane's reusable fusion buffer; out-of-place requests reduce in a
+  fresh block whose slices become the results, so there is no copy-out at all.
+
+Lanes of different process sets have separate communicators and threads, so they cannot deadlock each other
+(this needs MPI_THREAD_MULTIPLE, which mpi4py requests by default).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import handles as K
+from .errors import (HpcvodError, HpcvodInputError, HpcvodMismatchError, HpcvodShutdownError)
+from .handles import Handle
+from .timeline import MEMCPY_IN, MEMCPY_OUT, NEGOTIATE, QUEUE, Timeline
+
+# Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
+NEED_FULL = 1      # some rank holds a request the cache does not know: exchange full lists
+NOT_JOINED = 2     # some rank has not joined yet
+SOME_JOINED = 4    # some rank has joined (it contributes dummies to what the others run)
+FIRST_BIT = 3
+
+_perf = time.perf_counter
+
+# Horovod's reduction op numbering.
+AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5
+OP_NAMES = {AVERAGE: "Average", SUM: "Sum", ADASUM: "Adasum", MIN: "Min", MAX: "Max", PRODUCT: "Product"}
+
+_MPI_NAMES = {K.ALLREDUCE: "MPI_ALLREDUCE", K.ALLGATHER: "MPI_ALLGATHERV", K.BROADCAST: "MPI_BCAST",
+              K.ALLTOALL: "MPI_ALLTOALLV", K.REDUCESCATTER: "MPI_REDUCE_SCATTER"}
+
+_mpi_types: dict[str, MPI.Datatype] = {}
+
+
+def mpi_type(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype of a NumPy dtype (cached; raises HpcvodInputError for unsupported dtypes)."""
+    key = dtype.str
+    t = _mpi_types.get(key)
+    if t is None:
+        if dtype == np.bool_:
+            t = MPI.C_BOOL
+        elif not dtype.isnative:
+            raise HpcvodInputError(f"dtype {dtype} is not in native byte order; convert with .astype(...) first")
+        else:
+            # predefined datatypes only: MPI reductions are undefined on derived ones
+            t = MPI._typedict.get(dtype.char)
+            if t is None or t == MPI.DATATYPE_NULL:
+                raise HpcvodInputError(f"dtype {dtype} has no MPI datatype; use a numeric or bool array")
+        _mpi_types[key] = t
+    return t
+
+
+def mpi_reduce_op(op: int, dtype: np.dtype) -> MPI.Op:
+    """The MPI reduction for a Horovod op on a dtype (raises HpcvodInputError where it is undefined)."""
+    if dtype == np.bool_:
+        if op == AVERAGE:
+            raise HpcvodInputError("op=Average is undefined for bool arrays; use Sum (logical or) or Min/Max")
+        return MPI.LOR if op in (SUM, MAX) else MPI.LAND
+    if dtype.kind == "c" and op in (MIN, MAX):
+        raise HpcvodInputError(f"op={OP_NAMES[op]} is undefined for complex arrays")
+    if op in (AVERAGE, SUM):
+        return MPI.SUM
+    if op == MIN:
+        return MPI.MIN
+    if op == MAX:
+        return MPI.MAX
+    if op == PRODUCT:
+        return MPI.PROD
+    if op == ADASUM:
+        raise NotImplementedError(
+            "op=Adasum is not implemented in hpcvod yet (use Average or Sum); see docs/runtime.md")
+    raise HpcvodInputError(f"unknown reduction op {op!r}; expected Average, Sum, Min, Max or Product")
+
+
+def identity_fill(op: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """A joined rank's neutral contribution to a reduction."""
+    if op in (AVERAGE, SUM):
+        return np.zeros(shape, dtype)
+    if op == PRODUCT:
+        return np.ones(shape, dtype)
+    if dtype == np.bool_:
+        return np.full(shape, op == MIN, dtype)
+    info = np.finfo(dtype) if dtype.kind in "fc" else np.iinfo(dtype)
+    return np.full(shape, info.max if op == MIN else info.min, dtype)
+
+
+def describe_sig(sig: tuple) -> str:
+    """A short human description of a request signature (for mismatch errors)."""
+    kind = sig[0]
+    name = K.KIND_NAMES.get(kind, "?")
+    if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+        _, dt, shape, op, pre, post = sig
+        extra = f" prescale={pre}" if pre != 1.0 else ""
+        extra += f" postscale={post}" if post != 1.0 else ""
+        return f"{name}(dtype={np.dtype(dt).name}, shape={shape}, op={OP_NAMES.get(op, op)}{extra})"
+    if kind in (K.ALLGATHER, K.ALLTOALL):
+        return f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*, {', '.join(map(str, sig[2]))}))" \
+            if sig[2] else f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*,))"
+    if kind == K.BROADCAST:
+        return f"{name}(dtype={np.dtype(sig[1]).name}, shape={sig[2]}, root_rank={sig[3]})"
+    return f"{name}()"
+
+
+class _Entry:
+    __slots__ = ("key", "sig", "bit", "last")
+
+    def __init__(self, key: Any, sig: tuple, bit: int, last: int) -> None:
+        self.key = key
+        self.sig = sig
+        self.bit = bit
+        self.last = last          # LRU tick (advanced identically on every member)
+
+
+# A request waiting longer than this forces a full round even when every rank's requests are cached, so
+# that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
+FULL_ROUND_AFTER_SECONDS = 1.0
+
+
+class Lane:
+    """The engine of one process set on this rank (see the module docstring)."""
+
+    def __init__(self, comm: MPI.Comm, set_id: int, ranks: list[int], settings: Any,
+                 timeline: Optional[Timeline] = None) -> None:
+        self.comm = comm
+        self.set_id = set_id
+        self.ranks = ranks                       # global ranks of the members, in set-rank order
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.fusion_threshold = settings.fusion_threshold
+        self.cache_capacity = settings.cache_capacity
+        self.cycle_time = settings.cycle_time_ms / 1000.0
+        self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._queue: list[Handle] = []
+        self._waiting: dict[str, Handle] = {}    # negotiated, not yet ready everywhere (driver-owned)
+        self._driving = False
+        self._nwaiters = 0
+        self._bg: Optional[threading.Thread] = None
+        self._bg_sleeping = False
+        self._stopping = False
+        self._abort: Optional[BaseException] = None
+        # Response cache: same content on every member, because it only changes from agreed data.
+        self._cache: dict[Any, _Entry] = {}
+        self._by_bit: dict[int, _Entry] = {}
+        self._free_bits: list[int] = []
+        self._next_bit = FIRST_BIT
+        self._all_bits = 0                       # mask of the bits of live entries
+        self._nbytes = 8
+        self._tick = 0
+        self._fusion = np.empty(0, np.uint8)     # reusable fusion buffer (grows up to the threshold)
+        self._join: Optional[Handle] = None
+        self._join_new = False
+        self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
+        self._names = 0                          # counter for unnamed collectives
+        self.cycles = 0
+
+    # ----------------------------------------------------------------------------------- submission
+    def auto_name(self) -> str:
+        """The name of the next unnamed collective.
+
+        One counter for every kind of collective: ranks that call different collectives in the same position
+        get the same name and hence a mismatch error instead of a hang.
+        """
+        self._names += 1
+        return f"noname.{self._names}"
+
+    def submit(self, h: Handle) -> Handle:
+        """Queue ``h`` for the background thread (asynchronous forms)."""
+        h.lane = self
+        h.t_submit = _perf()
+        with self._lock:
+            if self._abort is not None:
+                raise self._abort
+            self._queue.append(h)
+            if not self._driving:
+                self._wake_bg_locked()
+        return h
+
+    def submit_many(self, hs: list[Handle]) -> None:
+        """Queue several handles atomically, so that they are negotiated (and fused) together."""
+        now = _perf()
+        for h in hs:
+            h.lane = self
+            h.t_submit = now
+        with self._lock:
+            if self._abort is not None:
+                raise self._abort
+            self._queue.extend(hs)
+            if not self._driving:
+                self._wake_bg_locked()
+
+    def run(self, h: Handle) -> Any:
+        """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
+        h.lane = self
+        h.t_submit = _perf()
+        lock = self._lock
+        lock.acquire()
+        if self._driving or self._queue or self._waiting or self._join is not None or self._abort is not None:
+            if self._abort is not None:
+                lock.release()
+                raise self._abort
+            self._queue.append(h)
+            if self._driving:
+                lock.release()
+                self.wait(h)
+            else:
+                self._driving = True
+                lock.release()
+                self._drive(h)
+        else:
+            self._driving = True
+            lock.release()
+            self._solo(h)
+        if h.error is not None:
+            raise h.error
+        return h.result
+
+    def _solo(self, h: Handle) -> None:
+        """The idle-lane fast path: one cached request, one tiny negotiation, one MPI call, this thread."""
+        try:
+            if h.kind == K.JOIN:
+                self._join = h
+                self._join_new = True
+            else:
+                if h.unnamed:
+                    h.key = ("#", h.sig, 0)
+                self._waiting[h.name] = h
+                e = self._cache.get(h.key)
+                if e is not None and e.sig == h.sig:
+                    bit = h.bit = e.bit
+                    self.cycles += 1
+                    g = self._exchange(NOT_JOINED | (self._all_bits & ~(1 << bit)))
+                    if g & (NEED_FULL | SOME_JOINED) or (g >> bit) & 1:
+                        self._process(g, False, False)       # the others want more than this request
+                    else:
+                        del self._waiting[h.name]
+                        self._tick += 1
+                        e.last = self._tick
+                        h.t_ready = _perf()
+                        tl = self.timeline
+                        if tl is not None:
+                            tl.span(h.name, NEGOTIATE, h.t_submit, h.t_ready)
+                        self._inflight = [h]
+                        if h.kind == K.ALLREDUCE:
+                            self._allreduce_one(h, tl)
+                        else:
+                            self._run_other([h], tl)
+                        self._inflight = []
+            while not h.done:
+                self._cycle()
+        except BaseException as exc:
+            self._fail_everything(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._release_driver()
+
+    def wait(self, h: Handle) -> None:
+        """Block until ``h`` is done, driving the lane whenever no other thread does."""
+        if h.done:
+            return
+        with self._lock:
+            while not h.done:
+                if self._abort is not None:
+                    raise self._abort
+                if not self._driving:
+                    self._driving = True
+                    break
+                self._nwaiters += 1
+                self._cv.wait()
+                self._nwaiters -= 1
+            else:
+                return
+        self._drive(h)
+
+    # ------------------------------------------------------------------------------ the driver loop
+    def _wake_bg_locked(self) -> None:
+        if self._bg is None:
+            self._bg = threading.Thread(target=self._bg_main, name=f"hpcvod-lane-{self.set_id}", daemon=True)
+            self._bg.start()
+        elif self._bg_sleeping:
+            self._bg_sleeping = False
+            self._cv.notify_all()
+
+    def _release_driver(self) -> None:
+        with self._lock:
+            self._driving = False
+            if (self._queue or self._waiting or self._join is not None) and not self._stopping \
+                    and self._abort is None:
+                self._wake_bg_locked()
+            if self._nwaiters:
+                self._cv.notify_all()
+
+    def _drive(self, target: Optional[Handle]) -> None:
+        """Run cycles until ``target`` is done (or, for the background thread, until no work is left)."""
+        try:
+            while True:
+                self._cycle()
+                if target is not None:
+                    if target.done:
+                        break
+                elif not (self._queue or self._waiting or self._join is not None) or self._stopping:
+                    break
+        except BaseException as exc:  # an MPI error or an abort: nothing in flight can complete any more
+            self._fail_everything(exc)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit
+        finally:
+            self._release_driver()
+
+    def _bg_main(self) -> None:
+        while True:
+            with self._lock:
+                while self._driving or not (self._queue or self._waiting or self._join is not None) \
+                        or self._abort is not None:
+                    if self._stopping:
+                        return
+                    self._bg_sleeping = True
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                self._bg_sleeping = False
+                self._driving = True
+            if self.cycle_time:
+                time.sleep(self.cycle_time)
+            try:
+                self._drive(None)
+            except BaseException as exc:  # pragma: no cover - reported to every waiter by _drive
+                print(f"hpcvod: engine thread of process set {self.set_id} failed: {exc!r}", file=sys.stderr)
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        err = exc if isinstance(exc, HpcvodError) else HpcvodError(
+            f"collective failed in process set {self.set_id}: {type(exc).__name__}: {exc}")
+        with self._lock:
+            if self._abort is None:
+                self._abort = err
+            pending = self._queue + list(self._waiting.values()) + self._inflight
+            self._inflight = []
+            self._queue = []
+            self._waiting.clear()
+            if self._join is not None:
+                pending.append(self._join)
+                self._join = None
+            self._cv.notify_all()
+        for h in pending:
+            if not h.done:
+                h.error = err
+                h.done = True
+
+    def abort(self, exc: BaseException) -> None:
+        """Fail every pending and future operation with ``exc`` and wake every waiter."""
+        with self._lock:
+            if self._abort is None:
+                self._abort = exc
+            driving = self._driving
+            self._cv.notify_all()
+        if not driving:
+            self._fail_everything(exc)
+
+    def stop(self) -> None:
+        """Shut the lane down: pending operations fail with HpcvodShutdownError."""
+        with self._lock:
+            self._stopping = True
+            if self._abort is None and (self._queue or self._waiting or self._join):
+                self._abort = HpcvodShutdownError(
+                    f"hpcvod was shut down while collectives were pending in process set {self.set_id}")
+            self._cv.notify_all()
+            bg = self._bg
+            driving = self._driving
+        if not driving:
+            self._fail_everything(HpcvodShutdownError("hpcvod was shut down"))
+        if bg is not None and bg is not threading.current_thread():
+            bg.join(timeout=2.0)
+
+    def pending(self) -> list[tuple[str, int, float]]:
+        """(name, kind, seconds waiting) of every request not yet done (for the stall inspector)."""
+        now = _perf()
+        items = list(self._waiting.values()) + list(self._queue)
+        if self._join is not None:
+            items.append(self._join)
+        return [(h.name, h.kind, now - h.t_submit) for h in items if not h.done]
+
+    # ---------------------------------------------------------------------------------- one cycle
+    def _cycle(self) -> None:
+        lock = self._lock
+        lock.acquire()
+        new = self._queue
+        if new:
+            self._queue = []
+        lock.release()
+        waiting = self._waiting
+        for h in new:
+            if h.kind == K.JOIN:
+                if self._join is not None:
+                    self._finish(h, HpcvodInputError("join() called while this rank's join is pending"))
+                else:
+                    self._join = h
+                    self._join_new = True
+            elif h.name in waiting:
+                self._finish(h, HpcvodInputError(
+                    f"a collective named {h.name!r} is already pending on this rank; names of "
+                    f"outstanding collectives must be unique"))
+            else:
+                waiting[h.name] = h
+        self.cycles += 1
+        tl = self.timeline
+        if tl is not None:
+            tl.cycle_mark(_perf())
+
+        # The bit-vector: every cached request of mine clears its bit; anything else asks for a full round.
+        cache = self._cache
+        joined = self._join is not None
+        need_full = False
+        word = SOME_JOINED if joined else NOT_JOINED | self._all_bits
+        counts: Optional[dict] = None
+        old = _perf() - FULL_ROUND_AFTER_SECONDS
+        for h in waiting.values():
+            if h.unnamed:
+                # unnamed requests are cached by (signature, position among my waiting ones of that signature)
+                if counts is None:
+                    counts = {}
+                j = counts.get(h.sig, 0)
+                counts[h.sig] = j + 1
+                h.key = ("#", h.sig, j)
+            e = cache.get(h.key)
+            if e is not None and e.sig == h.sig:
+                h.bit = e.bit
+                if not joined:
+                    word &= ~(1 << e.bit)
+            else:
+                h.bit = -1
+                need_full = True
+            if h.t_submit < old:
+                need_full = True
+        if need_full:
+            word |= NEED_FULL
+        fresh_join = self._join_new
+        self._join_new = False
+        self._process(self._exchange(word), joined, fresh_join)
+
+    def _exchange(self, word: int) -> int:
+        """The negotiation collective: OR of every member's word."""
+        buf = bytearray(word.to_bytes(self._nbytes, "little"))
+        req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+        if not req.Test():
+            self._wait_request(req)
+        return int.from_bytes(buf, "little")
+
+    def _process(self, g: int, joined: bool, fresh_join: bool) -> None:
+        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it."""
+        t_agreed = _perf()
+        waiting = self._waiting
+        if g & SOME_JOINED or joined:
+            if not g & NOT_JOINED:
+                self._complete_join(fresh_join)
+                return
+            ready = []
+            by_key = {h.key: h for h in waiting.values()}
+            free = ~g & self._all_bits
+            while free:
+                low = free & -free
+                entry = self._by_bit[low.bit_length() - 1]
+                h = by_key.get(entry.key)
+                if h is None or h.bit != entry.bit:
+                    h = self._dummy(entry.key, entry.sig)
+                ready.append(h)
+                free ^= low
+        else:
+            ready = [h for h in waiting.values() if h.bit >= 0 and not (g >> h.bit) & 1]
+            if len(ready) > 1:
+                ready.sort(key=_bit_of)
+        for h in ready:
+            if not h.dummy:
+                del waiting[h.name]
+        if g & NEED_FULL:
+            ready.extend(self._full_round(joined))
+        if not ready:
+            return
+        by_bit_entries = self._cache
+        for h in ready:
+            h.t_ready = t_agreed
+            self._tick += 1
+            e = by_bit_entries.get(h.key)
+            if e is not None:
+                e.last = self._tick
+        tl = self.timeline
+        if tl is not None:
+            tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready), t_agreed)
+        self._inflight = ready
+        self._execute(ready, tl)
+        self._inflight = []
+
+    def _wait_request(self, req: MPI.Request) -> None:
+        """Poll ``req``: spin ~100 us, then yield, then sleep with a growing (<= 1 ms) back-off."""
+        test = req.Test
+        for _ in range(256):
+            if test():
+                return
+        t0 = _perf()
+        while not test():
+            if self._abort is not None:
+                raise self._abort
+            waited = _perf() - t0
+            time.sleep(0 if waited < 0.002 else min(0.001, waited * 0.05))
+
+    def _full_round(self, joined: bool) -> list[Handle]:
+        """Exchange every rank's pending list and derive the same responses on every member."""
+        waiting = self._waiting
+        items = [(h.name, h.key if h.unnamed else None, h.bit if h.bit >= 0 else h.sig)
+                 for h in waiting.values()]
+        everyone = self.comm.allgather((joined, items))
+        by_bit = self._by_bit
+        seen: dict[str, dict[int, tuple]] = {}
+        keys: dict[str, Any] = {}
+        order: list[str] = []
+        active = [r for r, (j, _) in enumerate(everyone) if not j]
+        for r, (_, its) in enumerate(everyone):
+            for name, key, s in its:
+                sig = by_bit[s].sig if isinstance(s, int) else s
+                d = seen.get(name)
+                if d is None:
+                    seen[name] = d = {}
+                    order.append(name)
+                    keys[name] = name if key is None else key
+                d[r] = sig
+        out: list[Handle] = []
+        for name in order:
+            d = seen[name]
+            if not all(r in d for r in active):
+                continue
+            sigs = set(d.values())
+            mine = waiting.pop(name, None)
+            key = keys[name]
+            if len(sigs) == 1:
+                sig = next(iter(sigs))
+                self._cache_put(key, sig)
+                if mine is None:
+                    mine = self._dummy(key, sig)
+                    mine.name = name
+                out.append(mine)
+            else:
+                self._cache_drop(key)
+                detail = "; ".join(f"rank {self.ranks[r]}: {describe_sig(s)}" for r, s in sorted(d.items()))
+                err = HpcvodMismatchError(
+                    f"collective {name!r} differs across ranks (process set {self.set_id}): {detail}")
+                if mine is not None:
+                    self._finish(mine, err)
+        return out
+
+    def _complete_join(self, fresh: bool) -> None:
+        """Every rank has joined: agree on the last one to join and release join() everywhere."""
+        mine = np.array([self.ranks[self.rank] if fresh else -1], np.int64)
+        last = np.empty(1, np.int64)
+        self.comm.Allreduce([mine, MPI.INT64_T], [last, MPI.INT64_T], MPI.MAX)
+        h, self._join = self._join, None
+        if h is not None:
+            h.result = int(last[0])
+            h.done = True
+            self._notify()
+
+    # ------------------------------------------------------------------------------ response cache
+    def _cache_put(self, key: Any, sig: tuple) -> None:
+        if not self.cache_capacity:
+            return
+        cache = self._cache
+        self._tick += 1
+        e = cache.get(key)
+        if e is not None:
+            e.sig = sig
+            e.last = self._tick
+            return
+        if self._free_bits:
+            bit = self._free_bits.pop()
+        elif len(cache) < self.cache_capacity:
+            bit = self._next_bit
+            self._next_bit += 1
+            self._nbytes = (self._next_bit + 63) // 64 * 8
+        else:
+            oldest = min(cache.values(), key=_last_of)   # rare: only when the cache is full
+            del cache[oldest.key]
+            del self._by_bit[oldest.bit]
+            bit = oldest.bit
+        e = _Entry(key, sig, bit, self._tick)
+        cache[key] = e
+        self._by_bit[bit] = e
+        self._all_bits |= 1 << bit
+
+    def _cache_drop(self, key: Any) -> None:
+        e = self._cache.pop(key, None)
+        if e is not None:
+            del self._by_bit[e.bit]
+            self._all_bits &= ~(1 << e.bit)
+            self._free_bits.append(e.bit)
+            self._free_bits.sort(reverse=True)
+
+    # ----------------------------------------------------------------------------------- execution
+    def _dummy(self, key: Any, sig: tuple) -> Handle:
+        """A joined rank's stand-in for a collective the others run."""
+        kind = sig[0]
+        dt = sig[1] if len(sig) > 1 else None
+        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+            tensor = identity_fill(sig[3], dt, sig[2])
+        elif kind == K.BROADCAST:
+            tensor = np.zeros(sig[2], dt)
+        elif kind in (K.ALLGATHER, K.ALLTOALL):
+            tensor = np.zeros((0,) + tuple(sig[2]), dt)
+        else:
+            tensor = None
+        h = Handle(str(key), kind, sig, tensor, None)
+        h.key = key
+        h.dummy = True
+        h.lane = self
+        if dt is not None:
+            h.mpi_type = mpi_type(dt)
+        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+            h.mpi_op = mpi_reduce_op(sig[3], dt)
+            h.prescale = sig[4]
+            h.postscale = sig[5] / self.size if sig[3] == AVERAGE else sig[5]
+        elif kind == K.BROADCAST:
+            h.root = self.ranks.index(sig[3])
+        elif kind == K.ALLTOALL:
+            h.splits = np.zeros(self.size, np.int64)
+        return h
+
+    def _finish(self, h: Handle, error: Optional[BaseException] = None) -> None:
+        if error is not None:
+            h.error = error
+        h.done = True
+        if self._nwaiters:
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._cv.notify_all()
+
+    def _execute(self, ready: list[Handle], tl: Optional[Timeline]) -> None:
+        """Run the agreed responses: fused allreduces first (grouped by dtype/op/scaling), then the rest."""
+        if len(ready) == 1:
+            h = ready[0]
+            if h.kind == K.ALLREDUCE:
+                self._allreduce_one(h, tl)
+            else:
+                self._run_other([h], tl)
+        else:
+            groups: dict[Any, list[Handle]] = {}
+            others: list[Handle] = []
+            for h in ready:
+                if h.kind == K.ALLREDUCE:
+                    sig = h.sig          # fusable: same dtype, op and scaling
+                    fuse_key = (sig[1], sig[3], sig[4], sig[5])
+                    g = groups.get(fuse_key)
+                    if g is None:
+                        groups[fuse_key] = [h]
+                    else:
+                        g.append(h)
+                else:
+                    others.append(h)
+            threshold = self.fusion_threshold
+            for group in groups.values():
+                if threshold == 0 or len(group) == 1:
+                    for h in group:
+                        self._allreduce_one(h, tl)
+                    continue
+                chunk: list[Handle] = []
+                nbytes = 0
+                for h in group:
+                    n = h.tensor.nbytes
+                    if chunk and nbytes + n > threshold:
+                        self._allreduce_fused(chunk, nbytes, tl)
+                        chunk, nbytes = [], 0
+                    chunk.append(h)
+                    nbytes += n
+                if len(chunk) == 1:
+                    self._allreduce_one(chunk[0], tl)
+                elif chunk:
+                    self._allreduce_fused(chunk, nbytes, tl)
+            if others:
+                self._run_other(others, tl)
+        if self._nwaiters:
+            self._notify()
+
+    def _allreduce_one(self, h: Handle, tl: Optional[Timeline]) -> None:
+        a = h.tensor
+        t0 = _perf() if tl is not None else 0.0
+        if h.output is a:
+            out = a
+            if h.prescale != 1.0:
+                np.multiply(out, h.prescale, out=out, casting="unsafe")
+        elif h.prescale != 1.0:
+            out = np.multiply(a, h.prescale).astype(a.dtype, copy=False) if h.output is None \
+                else np.multiply(a, h.prescale, out=h.output, casting="unsafe")
+        elif h.output is None:
+            out = a.copy()
+        else:
+            out = h.output
+            np.copyto(out, a)
+        # In place is faster than separate send/receive buffers with every MPI here (FACTS.md), even
+        # counting the copy above.
+        t1 = _perf() if tl is not None else 0.0
+        self.comm.Allreduce(MPI.IN_PLACE, [out, h.mpi_type], h.mpi_op)
+        if h.postscale != 1.0:
+            np.multiply(out, h.postscale, out=out, casting="unsafe")
+        h.result = out
+        h.done = True
+        if tl is not None:
+            t2 = _perf()
+            tl.span(h.name, QUEUE, h.t_ready, t0)
+            tl.span(h.name, "MPI_ALLREDUCE", t1, t2, {"bytes": a.nbytes})
+
+    def _fusion_buffer(self, nbytes: int) -> np.ndarray:
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(max(nbytes, min(2 * self._fusion.nbytes, self.fusion_threshold)), np.uint8)
+        return self._fusion
+
+    def _allreduce_fused(self, group: list[Handle], nbytes: int, tl: Optional[Timeline]) -> None:
+        first = group[0]
+        dtype = first.tensor.dtype
+        all_in_place = all(h.output is h.tensor for h in group)
+        t0 = _perf()
+        if all_in_place:
+            flat = self._fusion_buffer(nbytes)[:nbytes].view(dtype)
+        else:
+            flat = np.empty(nbytes // dtype.itemsize, dtype)
+        np.concatenate([h.tensor for h in group], axis=None, out=flat)
+        if first.prescale != 1.0:
+            np.multiply(flat, first.prescale, out=flat, casting="unsafe")
+        t1 = _perf()
+        self.comm.Allreduce(MPI.IN_PLACE, [flat, first.mpi_type], first.mpi_op)
+        if first.postscale != 1.0:
+            np.multiply(flat, first.postscale, out=flat, casting="unsafe")
+        t2 = _perf()
+        offset = 0
+        for h in group:
+            n = h.tensor.size
+            piece = flat[offset:offset + n]
+            offset += n
+            out = h.output
+            if out is None:
+                h.result = piece.reshape(h.tensor.shape)      # a view into the fresh block: no copy-out
+            else:
+                out.reshape(-1)[...] = piece
+                h.result = out
+            h.done = True
+        if tl is not None:
+            t3 = _perf()
+            names = [h.name for h in group if not h.dummy]
+            tl.spans(names, QUEUE, first.t_ready, t0)
+            tl.spans(names, MEMCPY_IN, t0, t1, {"fused": len(group), "bytes": nbytes})
+            tl.spans(names, "MPI_ALLREDUCE", t1, t2, {"fused": len(group), "bytes": nbytes})
+            tl.spans(names, MEMCPY_OUT, t2, t3)
+
+    def _run_other(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
+        gathers = [h for h in hs if h.kind == K.ALLGATHER]
+        if gathers:
+            self._allgather(gathers, tl)
+        for h in hs:
+            kind = h.kind
+            if kind == K.ALLGATHER:
+                continue
+            t0 = _perf()
+            if kind == K.ALLREDUCE:
+                self._allreduce_one(h, tl)
+                continue
+            if kind == K.BROADCAST:
+                self._broadcast(h)
+            elif kind == K.ALLTOALL:
+                self._alltoall(h)
+            elif kind == K.REDUCESCATTER:
+                self._reducescatter(h)
+            elif kind == K.BARRIER:
+                h.result = None   # negotiation already proved every member got here
+            h.done = True
+            if tl is not None and not h.dummy:
+                tl.span(h.name, QUEUE, h.t_ready, t0)
+                if kind in _MPI_NAMES:
+                    tl.span(h.name, _MPI_NAMES[kind], t0, _perf())
+
+    def _allgather(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
+        t0 = _perf()
+        comm = self.comm
+        mine = np.array([h.tensor.shape[0] for h in hs], np.int64)
+        rows = np.empty((self.size, len(hs)), np.int64)
+        comm.Allgather([mine, MPI.INT64_T], [rows, MPI.INT64_T])
+        for j, h in enumerate(hs):
+            a = h.tensor
+            trailing = a.shape[1:]
+            per_row = int(np.prod(trailing, dtype=np.int64))
+            counts = rows[:, j] * per_row
+            displs = np.zeros_like(counts)
+            np.cumsum(counts[:-1], out=displs[1:])
+            out = np.empty((int(rows[:, j].sum()),) + trailing, a.dtype)
+            t = h.mpi_type
+            comm.Allgatherv([a, t], [out, (counts, displs), t])
+            h.result = out
+            h.done = True
+            if tl is not None and not h.dummy:
+                tl.span(h.name, QUEUE, h.t_ready, t0)
+                tl.span(h.name, "MPI_ALLGATHERV", t0, _perf(), {"rows": rows[:, j].tolist()})
+
+    def _broadcast(self, h: Handle) -> None:
+        a = h.tensor
+        t = h.mpi_type
+        if h.output is a:
+            self.comm.Bcast([a, t], h.root)
+            h.result = a
+        elif self.rank == h.root:
+            self.comm.Bcast([a, t], h.root)
+            if h.output is None:
+                h.result = a.copy()
+            else:
+                np.copyto(h.output, a)
+                h.result = h.output
+        else:
+            out = np.empty(a.shape, a.dtype) if h.output is None else h.output
+            self.comm.Bcast([out, t], h.root)
+            h.result = out
+
+    def _alltoall(self, h: Handle) -> None:
+        a = h.tensor
+        comm = self.comm
+        splits = h.splits
+        received = np.empty(self.size, np.int64)
+        comm.Alltoall([splits, MPI.INT64_T], [received, MPI.INT64_T])
+        trailing = a.shape[1:]
+        per_row = int(np.prod(trailing, dtype=np.int64))
+        scounts = splits * per_row
+        rcounts = received * per_row
+        sdispl = np.zeros_like(scounts)
+        rdispl = np.zeros_like(rcounts)
+        np.cumsum(scounts[:-1], out=sdispl[1:])
+        np.cumsum(rcounts[:-1], out=rdispl[1:])
+        out = np.empty((int(received.sum()),) + trailing, a.dtype)
+        t = h.mpi_type
+        comm.Alltoallv([a, (scounts, sdispl), t], [out, (rcounts, rdispl), t])
+        h.result = (out, received)
+
+    def _reducescatter(self, h: Handle) -> None:
+        a = h.tensor
+        base, extra = divmod(a.shape[0] if a.ndim else 1, self.size)
+        rows = np.array([base + (1 if r < extra else 0) for r in range(self.size)], np.int64)
+        per_row = int(np.prod(a.shape[1:], dtype=np.int64))
+        send = a if h.prescale == 1.0 else np.multiply(a, h.prescale).astype(a.dtype, copy=False)
+        out = np.empty((int(rows[self.rank]),) + a.shape[1:], a.dtype)
+        t = h.mpi_type
+        self.comm.Reduce_scatter([send, t], [out, t], (rows * per_row).tolist(), h.mpi_op)
+        if h.postscale != 1.0:
+            np.multiply(out, h.postscale, out=out, casting="unsafe")
+        h.result = out
+
+
+def _bit_of(h: Handle) -> int:
+    return h.bit
+
+
+def _last_of(e: _Entry) -> int:
+    return e.last
+
+
+def dumps(obj: Any) -> np.ndarray:
+    """Pickle ``obj`` into a uint8 array (for broadcast_object / allgather_object)."""
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def loads(data: np.ndarray) -> Any:
+    return pickle.loads(data.tobytes())
