@@ -150,6 +150,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# a requeued job may start again after cred_expire seconds and is then started by the next scheduler pass:
+# Slurm's defaults (120 s, passes every 30-60 s) would make every requeue take minutes on this toy cluster
+AuthInfo=cred_expire=5
 StateSaveLocation=$BASE/state/ctld
 SlurmdSpoolDir=$BASE/state/d/%n
 # one TmpFS per node, or PMIx's per-job directories of two "nodes" collide
@@ -164,6 +167,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=$MPI_DEFAULT
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=2,sched_interval=5
 # nodes advertise HPCVOD_SANDBOX_CPUS whatever the hardware has
 SlurmdParameters=config_overrides
 ReturnToService=2
