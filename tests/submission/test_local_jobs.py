@@ -18,8 +18,8 @@ RANKS = """
 import os, sys
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
-print(f"rank {comm.rank} of {comm.size} world={os.environ['HPCVOD_WORLD_SIZE']} site={os.environ['HPCVOD_SITE']}",
-      flush=True)
+os.write(1, f"rank {comm.rank} of {comm.size} world={os.environ['HPCVOD_WORLD_SIZE']} "
+            f"site={os.environ['HPCVOD_SITE']}\\n".encode())  # one write: the ranks share the output file
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 and comm.rank == 1 else 0)
 """
 
@@ -174,8 +174,9 @@ def test_local_site_under_each_mpi_flavour(tmp_path, flavour):
     if not python.exists():
         pytest.skip(f"{python} not set up (scripts/setup-venvs.sh flavours)")
     (tmp_path / "lib.py").write_text(
-        "from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
-        "print(f'rank {c.rank} of {c.size}:', MPI.Get_library_version().splitlines()[0], flush=True)\n")
+        "import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+        "line = f'rank {c.rank} of {c.size}: ' + MPI.Get_library_version().splitlines()[0]\n"
+        "os.write(1, (line + '\\n').encode())  # one write: the ranks share the output file\n")
     import subprocess
 
     done = subprocess.run([str(python), "-m", "hpcvod.cli", "submit", "--site", "local", "--tasks-per-node", "2",
