@@ -8,9 +8,24 @@ MPICH and Intel MPI. ``launcher_for(kind, flavour)`` picks one; ``flavour.detect
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from hpcvod.jobs.shell import Verbatim
+
+
+# Variables of an enclosing MPI launch: a launch started from inside an MPI rank must not inherit them, or its
+# own mpiexec would join the outer world instead of starting a new one.
+_OUTER_LAUNCH_VARS = frozenset({
+    "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "PMI_JOBID", "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI", "PMIX_SERVER_URI2", "PMIX_SERVER_URI3",
+    "PMIX_SERVER_URI4", "PMIX_SERVER_URI21", "PMIX_SERVER_URI41", "PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR",
+    "PMIX_ID"})
+_OUTER_LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "HYDI_", "HYDRA_")
+
+
+def without_outer_launch(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment minus the variables of an MPI launch we might be running inside of."""
+    return {k: v for k, v in environ.items() if k not in _OUTER_LAUNCH_VARS and not k.startswith(_OUTER_LAUNCH_PREFIXES)}
 
 
 @dataclass(frozen=True)
@@ -20,7 +35,7 @@ class LaunchRequest:
     executable: str  # srun, or the path/name of mpirun/mpiexec
     world_size: int
     nodes: int = 1
-    tasks_per_node: int = 1
+    tasks_per_node: int = 1  # 0: as the host list's slots say (hpcvod run -H h1:2,h2:4)
     cpus_per_task: int = 1
     mpi_plugin: str | None = None  # srun --mpi=
     pmi_library: str | None = None  # Intel MPI under srun: I_MPI_PMI_LIBRARY
@@ -61,4 +76,4 @@ def launcher_for(kind: str, flavour: str) -> Launcher:
     return HydraLauncher(flavour)
 
 
-__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "Verbatim"]
+__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "without_outer_launch", "Verbatim"]

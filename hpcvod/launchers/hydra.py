@@ -14,7 +14,8 @@ class HydraLauncher(Launcher):
     def line(self, req: LaunchRequest) -> LaunchLine:
         argv = [req.executable or "mpiexec", "-n", str(req.world_size)]
         if not req.single_host:
-            argv += ["-ppn", str(req.tasks_per_node)]
+            if req.tasks_per_node:
+                argv += ["-ppn", str(req.tasks_per_node)]
             if req.hostfile:
                 argv += ["-f", req.hostfile]
             if req.hosts:

@@ -17,7 +17,10 @@ class OpenMpiLauncher(Launcher):
         if req.single_host:
             argv.append("--oversubscribe")  # more ranks than cores is fine on a workstation
         else:
-            argv += ["--map-by", f"ppr:{req.tasks_per_node}:node"]
+            if req.tasks_per_node:
+                argv += ["--map-by", f"ppr:{req.tasks_per_node}:node"]
+            else:  # fill the host list's slots in order, as horovodrun does; slots may exceed cores
+                argv += ["--map-by", "slot", "--bind-to", "none"]
             if req.hostfile:
                 argv += ["--hostfile", req.hostfile]
             if req.hosts:

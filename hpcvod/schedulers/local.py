@@ -15,17 +15,9 @@ import threading
 import time
 from pathlib import Path
 
+from hpcvod.launchers import without_outer_launch
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, RUNNING, UNKNOWN, JobStatus, Scheduler,
                                     SchedulerError, Submitted, read_cancel_marker, read_exit_file)
-
-# Variables of an enclosing MPI launch: a job started from inside an MPI rank must not inherit them, or its own
-# mpiexec would join the outer world instead of starting a new one.
-_OUTER_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "PMI_JOBID",
-                      "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI",
-                      "PMIX_SERVER_URI2", "PMIX_SERVER_URI3", "PMIX_SERVER_URI4", "PMIX_SERVER_URI21",
-                      "PMIX_SERVER_URI41", "PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR", "PMIX_ID")
-_OUTER_LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "HYDI_", "HYDRA_")
-
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, process group, start time in clock ticks) of a live process, from /proc."""
@@ -100,8 +92,7 @@ class LocalScheduler(Scheduler):
         return text.strip()
 
     def submit(self, job_dir: Path, script: Path) -> Submitted:
-        env = {k: v for k, v in os.environ.items()
-               if k not in _OUTER_LAUNCH_VARS and not k.startswith(_OUTER_LAUNCH_PREFIXES)}
+        env = without_outer_launch(os.environ)
         with open(job_dir / OUTPUT_FILE, "ab") as log:
             proc = subprocess.Popen(["bash", script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

@@ -1,0 +1,140 @@
+"""``hpcvod run``: start N ranks here or on given hosts with the installed MPI's launcher (horovodrun's job).
+
+    hpcvod run -np 4 python train.py
+    hpcvod run -np 4 -H node1:2,node2:2 python train.py
+    hpcvod run -np 8 --hostfile hosts.txt --fusion-threshold-mb 32 --timeline-filename tl.json train.py
+
+The launch line comes from the same launchers as rendered scripts (hpcvod/launchers), the flavour from the
+same detection as the local site; the runtime settings reach every rank as HPCVOD_* variables (docs/contract.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hpcvod.jobs.shell import shell_join
+from hpcvod.jobs.spec import parse_env
+from hpcvod.launchers import LaunchRequest, launcher_for, without_outer_launch
+from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
+from hpcvod.sites.errors import UserError
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def parse_hosts(text: str, origin: str = "-H") -> list[tuple[str, int]]:
+    """``h1:2,h2:2`` (or ``h1,h2``: one slot each) -> [(host, slots)]."""
+    hosts = []
+    for item in text.split(","):
+        name, _, slots = item.strip().partition(":")
+        if not _HOST.fullmatch(name) or (slots and not slots.isdigit()) or slots == "0":
+            raise UserError(f"{origin} {text!r}: expected host[:slots],... like node1:2,node2:2")
+        hosts.append((name, int(slots) if slots else 1))
+    return hosts
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int]]:
+    """Lines ``host``, ``host:N`` or ``host slots=N`` (Open MPI's form); '#' starts a comment."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise UserError(f"--hostfile {path!r}: cannot read it ({err.strerror})") from None
+    hosts = []
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?(\s+max_slots\s*=\s*\d+)?", line)
+        if not match or (match.group(2) or match.group(3) or "1") == "0":
+            raise UserError(f"{path}:{number}: expected `host`, `host:N` or `host slots=N`, got {raw.strip()!r}")
+        hosts.append((match.group(1), int(match.group(2) or match.group(3) or 1)))
+    if not hosts:
+        raise UserError(f"--hostfile {path!r}: no hosts in it")
+    return hosts
+
+
+def runtime_settings(args: argparse.Namespace) -> dict[str, str]:
+    """horovodrun's tuning flags as the HPCVOD_* variables the runtime reads (docs/contract.md)."""
+    out = {}
+    if args.fusion_threshold_mb is not None:
+        if args.fusion_threshold_mb < 0:
+            raise UserError(f"--fusion-threshold-mb {args.fusion_threshold_mb}: expected a size >= 0")
+        out["HPCVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
+    if args.cycle_time_ms is not None:
+        out["HPCVOD_CYCLE_TIME"] = f"{args.cycle_time_ms:g}"
+    if args.cache_capacity is not None:
+        out["HPCVOD_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.timeline_filename:
+        out["HPCVOD_TIMELINE"] = str(Path(args.timeline_filename).absolute())
+    if args.stall_check_warning_time_seconds is not None:
+        out["HPCVOD_STALL_CHECK_TIME_SECONDS"] = str(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        out["HPCVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.stall_check_shutdown_time_seconds)
+    if args.hierarchical_allreduce:
+        out["HPCVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    return out
+
+
+def _write_hostfile(hosts: list[tuple[str, int]], flavour: str, folder: str) -> str:
+    path = Path(folder) / "hostfile"
+    if flavour == "openmpi":
+        path.write_text("".join(f"{host} slots={slots}\n" for host, slots in hosts))
+    else:  # Hydra machine file (MPICH, Intel MPI)
+        path.write_text("".join(f"{host}:{slots}\n" for host, slots in hosts))
+    return str(path)
+
+
+def run_command(args: argparse.Namespace, program: list[str]) -> int:
+    if not program:
+        raise UserError("missing COMMAND: hpcvod run -np N [OPTIONS] COMMAND [ARGS...]")
+    if args.np < 1:
+        raise UserError(f"-np {args.np}: expected a positive number of ranks")
+    if args.hosts and args.hostfile:
+        raise UserError("-H and --hostfile: give one of them")
+    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
+    if hosts is not None and sum(s for _, s in hosts) < args.np:
+        raise UserError(f"-np {args.np}: the hosts offer only {sum(s for _, s in hosts)} slots "
+                        f"({', '.join(f'{h}:{s}' for h, s in hosts)})")
+    try:
+        mpi = detect_mpi(args.launcher)
+    except MpiNotFound as err:
+        raise UserError(str(err)) from None
+    if program[0].endswith(".py"):
+        program = [sys.executable, *program]
+
+    settings = {"HPCVOD_WORLD_SIZE": str(args.np), **runtime_settings(args), **dict(parse_env(args.env))}
+    env = without_outer_launch(os.environ)
+    env.update(settings)
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        extra = shlex.split(args.mpi_args)
+    except ValueError as err:
+        raise UserError(f"--mpi-args {args.mpi_args!r}: {err}") from None
+    with tempfile.TemporaryDirectory(prefix="hpcvod-run-") as tmp:
+        request = LaunchRequest(
+            executable=mpi.launcher, world_size=args.np, nodes=len(hosts) if hosts else 1, tasks_per_node=0,
+            hostfile=_write_hostfile(hosts, mpi.flavour, tmp) if hosts else None, single_host=hosts is None,
+            forward_env=list(settings), is_root=is_root, extra_args=extra)
+        line = launcher_for("mpiexec", mpi.flavour).line(request)
+        env.update(line.env)
+        if hosts is None and mpi.flavour == "openmpi":
+            # one machine: shared memory only; Open MPI starts ~1 s faster than when it probes UCX (FACTS.md)
+            env.setdefault("OMPI_MCA_pml", "ob1")
+            env.setdefault("OMPI_MCA_btl", "self,sm")
+        argv = list(line.argv) + program
+        if args.verbose:
+            shown = " ".join(f"{k}={v}" for k, v in {**settings, **line.env}.items())
+            print(f"hpcvod run: {mpi.flavour} ({mpi.evidence})\nhpcvod run: {shown} {shell_join(argv)}",
+                  file=sys.stderr)
+        try:
+            return subprocess.run(argv, env=env).returncode
+        except FileNotFoundError:
+            raise UserError(f"{argv[0]}: cannot run it") from None
+        except KeyboardInterrupt:
+            return 130

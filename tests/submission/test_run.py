@@ -1,0 +1,88 @@
+"""`hpcvod run` (horovodrun's equivalent) with real mpiexec under every MPI wheel that is set up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from submission_helpers import clean_env
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+VENVS = {"mpich": REPO / ".venv", "openmpi": REPO / ".venvs" / "openmpi", "intelmpi": REPO / ".venvs" / "impi"}
+
+PROBE = """
+import json, os
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+keys = ("HPCVOD_WORLD_SIZE", "HPCVOD_FUSION_THRESHOLD", "HPCVOD_TIMELINE", "HPCVOD_STALL_CHECK_TIME_SECONDS",
+        "HPCVOD_CYCLE_TIME", "HPCVOD_CACHE_CAPACITY", "HPCVOD_HIERARCHICAL_ALLREDUCE", "MY_VAR")
+record = {"rank": c.rank, "size": c.size, "library": MPI.Get_library_version().splitlines()[0],
+          "env": {k: os.environ.get(k) for k in keys}}
+os.write(1, (json.dumps(record) + "\\n").encode())  # one write: the ranks share stdout
+"""
+LIBRARY_WORD = {"mpich": "MPICH", "openmpi": "Open MPI", "intelmpi": "Intel(R) MPI"}
+
+
+def _run(flavour: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    python = VENVS[flavour] / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python} not set up (scripts/setup-venvs.sh flavours)")
+    (tmp_path / "probe.py").write_text(PROBE)
+    return subprocess.run([str(python), "-m", "hpcvod.cli", "run", *args], cwd=tmp_path, env=clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=240)
+
+
+def _records(done: subprocess.CompletedProcess) -> list[dict]:
+    assert done.returncode == 0, done.stderr + done.stdout
+    return sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])
+
+
+@pytest.mark.parametrize("flavour", sorted(VENVS))
+def test_run_on_this_machine_passes_settings_to_every_rank(flavour, tmp_path):
+    done = _run(flavour, tmp_path, "-np", "2", "--fusion-threshold-mb", "32", "--timeline-filename", "tl.json",
+                "--stall-check-warning-time-seconds", "7", "--cycle-time-ms", "0.5", "--cache-capacity", "16",
+                "--hierarchical-allreduce", "--env", "MY_VAR=a b;$(c)", "--verbose", "probe.py")
+    records = _records(done)
+    assert [r["rank"] for r in records] == [0, 1] and all(r["size"] == 2 for r in records)
+    for record in records:
+        assert LIBRARY_WORD[flavour] in record["library"]
+        assert record["env"] == {
+            "HPCVOD_WORLD_SIZE": "2", "HPCVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024),
+            "HPCVOD_TIMELINE": str(tmp_path / "tl.json"), "HPCVOD_STALL_CHECK_TIME_SECONDS": "7",
+            "HPCVOD_CYCLE_TIME": "0.5", "HPCVOD_CACHE_CAPACITY": "16", "HPCVOD_HIERARCHICAL_ALLREDUCE": "1",
+            "MY_VAR": "a b;$(c)"}
+    assert "hpcvod run: " in done.stderr and " -n 2 " in done.stderr  # --verbose shows the launch line
+
+
+@pytest.mark.parametrize("flavour", sorted(VENVS))
+def test_run_with_host_list_and_hostfile(flavour, tmp_path):
+    records = _records(_run(flavour, tmp_path, "-np", "3", "-H", "localhost:4", "probe.py"))
+    assert [r["rank"] for r in records] == [0, 1, 2] and records[0]["env"]["HPCVOD_WORLD_SIZE"] == "3"
+    (tmp_path / "hosts").write_text("# the machine itself\nlocalhost slots=2\n")
+    records = _records(_run(flavour, tmp_path, "-np", "2", "--hostfile", "hosts", "probe.py"))
+    assert [r["size"] for r in records] == [2, 2]
+
+
+def test_run_exit_status_is_the_jobs(tmp_path):
+    done = _run("mpich", tmp_path, "-np", "2", "python3", "-c", "import sys; sys.exit(3)")
+    assert done.returncode != 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-np", "5", "-H", "a:2,b:2", "probe.py"], "-np 5: the hosts offer only 4 slots"),
+    (["-np", "2", "-H", "bad host", "probe.py"], "expected host[:slots]"),
+    (["-np", "0", "probe.py"], "-np 0: expected a positive number"),
+    (["-np", "2"], "missing COMMAND"),
+    (["-np", "2", "--hostfile", "nope.txt", "probe.py"], "--hostfile 'nope.txt': cannot read it"),
+    (["-np", "2", "--mpi", "/no/such/mpiexec", "probe.py"], "no MPI launcher"),
+])
+def test_run_bad_input(tmp_path, args, message):
+    done = _run("mpich", tmp_path, *args)
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and message in done.stderr, done.stderr
