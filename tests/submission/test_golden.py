@@ -40,15 +40,23 @@ def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_r
     return render(plan, site.scheduler().template)
 
 
+def feasible(name: str, nodes: int, gpus: int) -> bool:
+    """Whether the profile's default partition has the nodes and GPUs (read from the profile, not by trying)."""
+    profile = load_site(name, environ={}).profile
+    part = profile.partitions[profile.default_partition or next(iter(profile.partitions))]
+    node_gpus = golden_host(gpus=gpus).gpu_count if part.gpus_per_node == "auto" else part.gpus_per_node
+    return gpus <= node_gpus and (part.max_nodes is None or nodes <= part.max_nodes)
+
+
 def cases() -> list[tuple[str, int, int, str, bool]]:
-    out = []
-    for name in SHIPPED:
-        for nodes, gpus in LAYOUTS:
-            if name == "local" and nodes > 1:
-                continue  # one machine: tested as a bad-input case below, and at (1 node, 4 GPUs) instead
-            out.append((name, nodes, gpus, "mpich", False))
+    out = [(name, nodes, gpus, "mpich", False) for name in SHIPPED for nodes, gpus in LAYOUTS
+           if feasible(name, nodes, gpus)]
+    # the local site on other MPI flavours, and with GPUs (it has one node: (4 nodes, 4 GPUs) is refused below)
     out += [("local", 1, 4, "mpich", False), ("local", 1, 0, "openmpi", True), ("local", 1, 0, "intelmpi", False)]
     return out
+
+
+INFEASIBLE = [(name, nodes, gpus) for name in SHIPPED for nodes, gpus in LAYOUTS if not feasible(name, nodes, gpus)]
 
 
 def golden_name(name: str, nodes: int, gpus: int, flavour: str, root: bool) -> str:
@@ -69,11 +77,18 @@ def test_golden(golden_workdir, name, nodes, gpus, flavour, root):
 def test_every_shipped_profile_has_golden_files():
     names = {p.name for p in GOLDEN.glob("*.sh")}
     for site in SHIPPED:
-        assert f"{site}-1n0g.sh" in names
-        if site != "local":
-            assert f"{site}-4n4g.sh" in names
+        for nodes, gpus in LAYOUTS:
+            assert f"{site}-{nodes}n{gpus}g.sh" in names or (site, nodes, gpus) in INFEASIBLE
     expected = {golden_name(*c) for c in cases()}
     assert names == expected, f"stale golden files: {sorted(names - expected)}"
+
+
+@pytest.mark.parametrize("name,nodes,gpus", INFEASIBLE, ids=lambda v: str(v))
+def test_layouts_a_profile_cannot_hold_are_refused(golden_workdir, name, nodes, gpus):
+    """(4 nodes, 4 GPUs) on a one-machine or CPU-only profile: one clear line, no script."""
+    with pytest.raises(UserError, match=r"^--(nodes|gpus-per-node) \d+: partition '[^']+' of site '[^']+' "
+                                        r"(allows at most \d+ nodes?|has \d+ GPUs? per node)$"):
+        rendered(name, nodes, gpus)
 
 
 @pytest.mark.parametrize("name,nodes,gpus,flavour,root", cases(), ids=lambda v: str(v))
@@ -86,11 +101,12 @@ def test_bash_syntax(golden_workdir, tmp_path, name, nodes, gpus, flavour, root)
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_deterministic(golden_workdir, name):
-    nodes, gpus = (1, 0) if name == "local" else (4, 4)
+    nodes, gpus = (4, 4) if feasible(name, 4, 4) else (1, 0)
     assert rendered(name, nodes, gpus) == rendered(name, nodes, gpus)
 
 
 def test_local_rejects_several_nodes(golden_workdir):
+    assert ("local", 4, 4) in INFEASIBLE
     with pytest.raises(UserError, match=r"--nodes 4: partition 'local' of site 'local' allows at most 1 node"):
         rendered("local", 4, 0)
 
