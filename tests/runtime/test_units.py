@@ -1,0 +1,102 @@
+"""Pieces of the runtime that need no MPI launch: settings, the timeline writer, errors, compression."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcvod.runtime import errors
+from hpcvod.runtime.compression import Compression
+from hpcvod.runtime.config import Settings
+from hpcvod.runtime.timeline import Timeline, open_timeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_settings_defaults_match_the_contract() -> None:
+    s = Settings.from_env({})
+    assert s.fusion_threshold == 128 * 1024 * 1024
+    assert s.cycle_time_ms == 0.0
+    assert s.cache_capacity == 1024
+    assert s.timeline is None
+    assert s.stall_check_time_seconds == 60.0
+    assert s.stall_shutdown_time_seconds == 0.0
+    assert s.hierarchical_allreduce is False
+
+
+def test_settings_accept_horovod_names_and_prefer_hpcvod() -> None:
+    s = Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "0.5",
+                           "HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    assert (s.fusion_threshold, s.cycle_time_ms, s.timeline, s.stall_check_disable) == \
+        (1048576, 0.5, "/tmp/t.json", True)
+    s = Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "1", "HPCVOD_FUSION_THRESHOLD": "2"})
+    assert s.fusion_threshold == 2
+
+
+@pytest.mark.parametrize("var, value", [("HPCVOD_FUSION_THRESHOLD", "lots"), ("HOROVOD_CACHE_CAPACITY", "-1"),
+                                        ("HPCVOD_STALL_CHECK_TIME_SECONDS", "nan"),
+                                        ("HPCVOD_GPU_OPERATIONS", "gloo"), ("HPCVOD_HIERARCHICAL_ALLREDUCE", "maybe")])
+def test_bad_settings_name_the_variable(var: str, value: str) -> None:
+    with pytest.raises(errors.HpcvodConfigError) as err:
+        Settings.from_env({var: value})
+    assert str(err.value).startswith(f"{var}={value!r}: expected")
+
+
+def test_error_family() -> None:
+    for cls in (errors.HpcvodNotInitializedError, errors.HpcvodConfigError, errors.HpcvodInputError,
+                errors.HpcvodWorldSizeError, errors.HpcvodMismatchError, errors.HpcvodRankFailureError,
+                errors.HpcvodStallError, errors.HpcvodShutdownError):
+        assert issubclass(cls, errors.HpcvodError)
+    assert issubclass(errors.HpcvodStallError, errors.HpcvodRankFailureError)
+    assert issubclass(errors.HpcvodNotInitializedError, ValueError)   # Horovod raises ValueError there
+    assert errors.HorovodInternalError is errors.HpcvodError
+
+
+def test_import_does_not_start_mpi_and_calls_before_init_fail_clearly() -> None:
+    code = ("import sys, hpcvod.runtime as hvd\n"
+            "assert 'mpi4py.MPI' not in sys.modules, 'importing hpcvod.runtime initialised MPI'\n"
+            "assert not hvd.is_initialized()\n"
+            "try:\n    hvd.size()\nexcept hvd.HpcvodNotInitializedError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "hpcvod has not been initialized; use hvd.init()." in out.stdout
+
+
+def test_timeline_is_valid_chrome_trace_json(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "tl.json"
+    tl = Timeline(str(path), rank=0, mark_cycles=True)
+    tl.span("grad.w", "NEGOTIATE", 1.0, 1.5)
+    tl.spans(["grad.w", "grad.b"], "MPI_ALLREDUCE", 1.5, 1.75, {"fused": 2})
+    tl.cycle_mark(1.2)
+    tl.close()
+    events = json.loads(path.read_text())
+    rows = {e["args"]["name"]: e["tid"] for e in events if e.get("name") == "thread_name"}
+    assert set(rows) == {"grad.w", "grad.b"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert [(e["name"], e["tid"]) for e in spans] == [("NEGOTIATE", rows["grad.w"]), ("MPI_ALLREDUCE", rows["grad.w"]),
+                                                      ("MPI_ALLREDUCE", rows["grad.b"])]
+    assert spans[1]["dur"] == pytest.approx(250000.0) and spans[1]["args"] == {"fused": 2}
+    assert any(e.get("ph") == "i" for e in events)
+
+
+def test_timeline_goes_to_rank_0_unless_the_path_names_the_rank(tmp_path: Path) -> None:
+    assert open_timeline(str(tmp_path / "t.json"), rank=1) is None
+    per_rank = open_timeline(str(tmp_path / "t.{rank}.json"), rank=1)
+    assert per_rank is not None and per_rank.path.endswith("t.1.json")
+    per_rank.close()
+
+
+def test_fp16_compression_round_trip() -> None:
+    x = np.linspace(-3, 3, 11, dtype=np.float32)
+    small, ctx = Compression.fp16.compress(x)
+    assert small.dtype == np.float16
+    back = Compression.fp16.decompress(small, ctx)
+    assert back.dtype == np.float32 and np.allclose(back, x, atol=1e-3)
+    ints = np.arange(3)
+    assert Compression.fp16.compress(ints)[0] is ints
+    assert Compression.none.compress(x)[0] is x
