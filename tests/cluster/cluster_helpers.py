@@ -207,3 +207,57 @@ def parse_probe_lines(text: str, tag: str = "PROBE") -> list[dict]:
     Matched anywhere, not per line: an MPI launcher's output forwarding may glue two ranks' lines together.
     """
     return [json.loads(m.group(1)) for m in re.finditer(re.escape(tag) + r" (\{[^{}]*\})", text)]
+
+
+# ---- the real hpcvod CLI -------------------------------------------------------------------------------------
+
+def cli_env(tmp: Path, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """A job environment for `hpcvod`, with an empty user config folder (the user's profiles stay out)."""
+    env = job_env(extra)
+    env["XDG_CONFIG_HOME"] = str(tmp / "xdg-config")
+    return env
+
+
+def hpcvod(*args: object, cwd: Path, venv: Path = REPO / ".venv", timeout: float = 180,
+           env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
+    """`hpcvod ARGS` as a user types it, under the given venv's Python (= the ranks' Python for .py scripts)."""
+    return run([venv / "bin" / "python", "-m", "hpcvod.cli", *map(str, args)], cwd=cwd, timeout=timeout,
+               env=cli_env(cwd, env))
+
+
+def submitted(proc: subprocess.CompletedProcess) -> tuple[str, Path]:
+    """(job id, job folder) from `hpcvod submit`'s first line."""
+    m = re.search(r"submitted job (\S+) to site \S+ \(\w+\); folder: (\S+)", proc.stdout + proc.stderr)
+    if not m:
+        raise AssertionError(f"no 'submitted job' line:\n{proc.stdout}\n{proc.stderr}")
+    return m.group(1), Path(m.group(2))
+
+
+def hpcvod_status(job: str, cwd: Path) -> dict:
+    proc = hpcvod("status", "--json", job, cwd=cwd, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_for_status(job: str, cwd: Path, wanted: Iterable[str], timeout: float = 90) -> dict:
+    """Poll `hpcvod status` until the state is one of `wanted`; returns that status."""
+    wanted = set(wanted)
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        status = hpcvod_status(job, cwd)
+        if status["state"] in wanted:
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"job {job} not in {sorted(wanted)} after {timeout} s: {status}")
+
+
+def wait_for_file(path: Path, timeout: float = 60, predicate=None) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            text = path.read_text()
+            if predicate is None or predicate(text):
+                return text
+        time.sleep(0.1)
+    raise AssertionError(f"{path} not there (or not as expected) after {timeout} s")

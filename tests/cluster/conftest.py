@@ -63,3 +63,15 @@ def slurm_cluster() -> Iterator[Cluster]:
             if down.returncode != 0:
                 raise AssertionError(f"scripts/slurm-sandbox.sh down failed:\n{down.stdout}\n{down.stderr}")
 
+
+
+@pytest.fixture(autouse=True)
+def cancel_leftover_jobs(slurm_cluster: Cluster, tmp_path: Path) -> Iterator[None]:
+    """A failing test must not leave jobs that hold the nodes for the next ones: after each test, cancel
+    the jobs still queued or running whose working directory is inside that test's tmp_path."""
+    yield
+    queued = run(["squeue", "-h", "-o", "%i %Z"], timeout=30).stdout.split("\n")
+    mine = [line.split(" ", 1)[0] for line in queued
+            if " " in line and Path(line.split(" ", 1)[1]).is_relative_to(tmp_path)]
+    if mine:
+        run(["scancel", *mine], timeout=30)
