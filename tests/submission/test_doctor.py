@@ -1,0 +1,24 @@
+"""`hpcvod doctor` reports the real MPI, mpi4py and frameworks of the venv it runs from."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from submission_helpers import hpcvod
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_doctor_in_the_main_venv(tmp_path):
+    done = hpcvod("doctor", cwd=tmp_path, timeout=380)
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = done.stdout
+    assert re.search(r"^MPI launcher\s+ok\s+\S+/mpiexec: mpich \(", out, re.M), out
+    assert re.search(r"^mpi4py\s+ok\s+mpi4py \d+\.\d+.*MPICH.*thread level multiple", out, re.M), out
+    assert re.search(r"^torch\s+ok\s+torch 2\.13", out, re.M), out
+    assert re.search(r"^tensorflow\s+ok\s+tensorflow 2\.21", out, re.M), out
+    assert re.search(r"^mxnet\s+ok\s+mxnet 1\.9\.1", out, re.M), out
+    assert re.search(r"^NCCL \(CuPy\)\s+(ok|--)\s+", out, re.M), out  # optional: no GPU on most test machines
+    assert re.search(r"^site\s+ok\s+local ", out, re.M), out

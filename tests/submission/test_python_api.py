@@ -1,0 +1,92 @@
+"""The Python API (hpcvod.jobs.submit/run on submitit) on the local site: a callable on 2 real MPI ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from submitit.core.utils import FailedJobError
+
+import hpcvod.jobs
+from hpcvod.jobs.python_api import HpcvodExecutor, HpcvodJob
+from hpcvod.sites import UserError
+from submission_helpers import clean_env, hpcvod as hpcvod_cli
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(tmp_path, monkeypatch):
+    for name in [k for k in os.environ if k.startswith("HPCVOD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_callable_runs_on_every_rank_and_rank_0_result_comes_back(tmp_path):
+    def allreduce_sum(offset, scale=1):
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        return {"rank": comm.rank, "size": comm.size, "sum": comm.allreduce((comm.rank + offset) * scale),
+                "world": os.environ["HPCVOD_WORLD_SIZE"]}
+
+    job = hpcvod.jobs.submit(allreduce_sum, 10, kwargs={"scale": 2}, site="local", tasks_per_node=2,
+                             folder=tmp_path / "jobs")
+    assert isinstance(job, HpcvodJob)
+    assert job.result() == {"rank": 0, "size": 2, "sum": (10 + 11) * 2, "world": "2"}
+    assert [r["rank"] for r in job.results()] == [0, 1]
+    assert job.state == "COMPLETED" and job.done()
+    folder = job.job_dir
+    assert folder.parent == tmp_path / "jobs" and folder.name.startswith("allreduce_sum-")
+    assert {f"{job.job_id}_submitted.pkl", f"{job.job_id}_0_result.pkl", f"{job.job_id}_1_result.pkl", "job.sh",
+            "output.log"} <= {p.name for p in folder.iterdir()}
+    # an ordinary hpcvod job: the CLI knows it
+    status = hpcvod_cli("status", "--json", str(folder), cwd=tmp_path, env=clean_env(tmp_path))
+    assert json.loads(status.stdout)["state"] == "COMPLETED"
+
+
+def test_run_returns_the_value_and_errors_carry_the_ranks_traceback(tmp_path):
+    assert hpcvod.jobs.run(lambda: "only rank 0's", site="local", tasks_per_node=2, folder=tmp_path / "j") == \
+        "only rank 0's"
+
+    def breaks_on_rank_1():
+        if os.environ.get("PMI_RANK") == "1":
+            raise ValueError("rank one broke")
+        return "fine"
+
+    job = hpcvod.jobs.submit(breaks_on_rank_1, site="local", tasks_per_node=2, folder=tmp_path / "j")
+    with pytest.raises(FailedJobError, match=r"(?s)rank 1\).*ValueError: rank one broke"):
+        job.result()
+    assert job.state == "FAILED"
+
+
+def test_cancel_a_running_callable(tmp_path):
+    def sleeps():
+        import time
+
+        time.sleep(600)
+
+    job = hpcvod.jobs.submit(sleeps, site="local", tasks_per_node=2, folder=tmp_path / "j")
+    try:
+        assert job.state == "RUNNING"
+        job.cancel()
+        job.wait()
+        assert job.state == "CANCELLED"
+    finally:
+        job.cancel()
+
+
+def test_executor_parameters_are_checked():
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'node' \(did you mean 'nodes'\?\); valid: nodes"):
+        HpcvodExecutor(site="local", node=2)
+    executor = HpcvodExecutor(site="slurm-ib-openmpi", nodes=2, gpus_per_node=4)
+    assert executor._num_tasks() == 8  # one rank per GPU, as `hpcvod submit` decides
+    script = executor._make_submission_file_text("", "")
+    assert "srun --mpi=pmix" in script and "submitit_worker.py" in script
+    with pytest.raises(UserError, match="unknown site 'nowhere'"):
+        HpcvodExecutor(site="nowhere")
+    with pytest.raises(UserError, match="--gpus-per-node 8"):
+        HpcvodExecutor(site="slurm-ib-openmpi", gpus_per_node=8)._num_tasks()
