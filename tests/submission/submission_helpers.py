@@ -16,6 +16,8 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
 # A fixed, absolute working directory so golden scripts do not depend on where the tests run.
 GOLDEN_WORKDIR = Path("/tmp/hpcvod-golden-workdir")
+# Site lookups that see only the shipped profiles (no $HPCVOD_SITE_PATH, no user's ~/.config/hpcvod/sites).
+NO_USER_CONFIG = {"XDG_CONFIG_HOME": "/nonexistent/hpcvod-tests-config"}
 
 
 def golden_host(flavour: str = "mpich", gpus: int = 0, is_root: bool = False) -> HostFacts:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from submission_helpers import golden_host
+from submission_helpers import NO_USER_CONFIG, golden_host
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
@@ -31,7 +31,7 @@ def _directives(text: str, prefix: str) -> list[str]:
 
 
 def _plan(site_name: str, nodes: int, gpus: int, workdir, **spec):
-    site = load_site(site_name, environ={})
+    site = load_site(site_name, environ=NO_USER_CONFIG)
     plan = resolve(JobSpec(program="train.py", nodes=nodes, gpus_per_node=gpus, **spec), site, golden_host(gpus=gpus))
     return site, plan, render(plan, site.scheduler().template)
 
@@ -110,7 +110,7 @@ def test_directive_skip_and_extra(golden_workdir, tmp_path):
     profile.write_text(
         "extends: slurm-ib-openmpi\n"
         "directives:\n  skip: ['--cpus-per-task']\n  extra: ['--constraint=ib&hdr', '--qos=high']\n")
-    site = load_site(str(profile), environ={})
+    site = load_site(str(profile), environ=NO_USER_CONFIG)
     plan = resolve(JobSpec(program="train.py", nodes=2, gpus_per_node=4), site, golden_host(gpus=4))
     text = render(plan, site.scheduler().template)
     directives = _directives(text, "#SBATCH")
@@ -159,7 +159,7 @@ def test_containers(golden_workdir):
     profile_text = "extends: pbs-ib-openmpi\ncontainer:\n  runtime: apptainer\n  mounts: [/scratch]\n"
     path = golden_workdir / "apptainer-site.yaml"
     path.write_text(profile_text)
-    site = load_site(str(path), environ={})
+    site = load_site(str(path), environ=NO_USER_CONFIG)
     plan = resolve(JobSpec(program="train.py", nodes=1, gpus_per_node=2, container="/images/t.sif"), site,
                    golden_host(gpus=2))
     assert plan.program_argv[:6] == ("apptainer", "exec", "--nv", "--bind", "/scratch", "/images/t.sif")

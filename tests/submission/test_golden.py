@@ -12,13 +12,13 @@ import subprocess
 
 import pytest
 
-from submission_helpers import GOLDEN, golden_host
+from submission_helpers import GOLDEN, NO_USER_CONFIG, golden_host
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.sites import UserError, load_site, site_files
 
-SHIPPED = sorted(site_files(environ={}))
+SHIPPED = sorted(site_files(environ=NO_USER_CONFIG))
 LAYOUTS = [(1, 0), (4, 4)]
 REGEN = os.environ.get("HPCVOD_REGEN_GOLDEN") == "1"
 
@@ -34,7 +34,7 @@ def _command(nodes: int, gpus: int, site: str) -> list[str]:
 
 
 def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_root: bool = False) -> str:
-    site = load_site(site_name, environ={})
+    site = load_site(site_name, environ=NO_USER_CONFIG)
     host = golden_host(flavour, gpus=gpus, is_root=is_root)
     plan = resolve(_spec(nodes, gpus), site, host, _command(nodes, gpus, site_name))
     return render(plan, site.scheduler().template)
@@ -42,7 +42,7 @@ def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_r
 
 def feasible(name: str, nodes: int, gpus: int) -> bool:
     """Whether the profile's default partition has the nodes and GPUs (read from the profile, not by trying)."""
-    profile = load_site(name, environ={}).profile
+    profile = load_site(name, environ=NO_USER_CONFIG).profile
     part = profile.partitions[profile.default_partition or next(iter(profile.partitions))]
     node_gpus = golden_host(gpus=gpus).gpu_count if part.gpus_per_node == "auto" else part.gpus_per_node
     return gpus <= node_gpus and (part.max_nodes is None or nodes <= part.max_nodes)

@@ -188,3 +188,40 @@ def test_local_site_under_each_mpi_flavour(tmp_path, flavour):
         assert LIBRARY_WORD[flavour] in line
     request = json.loads(next((tmp_path / "hpcvod-jobs").glob("*/request.json")).read_text())
     assert request["plan"]["mpi_flavour"] == flavour
+
+
+def test_logs_follow_until_the_job_ends(workdir):
+    (workdir / "ticks.py").write_text(
+        "import os, time\nfor i in range(5):\n    os.write(1, f'tick {i}\\n'.encode())\n    time.sleep(0.3)\n")
+    sub = _submit(workdir, "--tasks-per-node", "1", "ticks.py")
+    done = hpcvod("logs", "-f", sub["job_id"], cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    assert [l for l in done.stdout.splitlines() if l.startswith("tick")] == [f"tick {i}" for i in range(5)]
+
+
+def test_wait_shows_one_live_line_on_a_terminal(workdir):
+    """On a TTY, --wait rewrites one line (carriage return) instead of printing a line per state."""
+    import pty
+    import subprocess
+    import sys
+
+    (workdir / "short.py").write_text("import time\ntime.sleep(1.0)\n")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "hpcvod.cli", "submit", "--site", "local", "--tasks-per-node",
+                             "1", "--wait", "short.py"], cwd=workdir, env=clean_env(workdir),
+                            stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data.decode())
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    shown = "".join(chunks)
+    assert "\r" in shown and "RUNNING" in shown and "COMPLETED (exit 0)" in shown
+    assert shown.count("\n") <= 2, repr(shown)  # one live line, ended once

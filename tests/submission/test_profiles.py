@@ -11,6 +11,7 @@ import yaml
 from hpcvod.sites import ProfileError, UserError, discover_site, load_site, schema, shipped_dir, site_files
 from hpcvod.sites.spec import field_docs
 from hpcvod.sites.profile import SiteProfile
+from submission_helpers import NO_USER_CONFIG
 
 MINIMAL = ("scheduler: slurm\nlauncher:\n  kind: srun\n  mpi_plugin: pmix\nmpi:\n  flavour: openmpi\n"
            "partitions:\n  gpu:\n    cpus_per_node: 8\n    gpus_per_node: 2\n")  # a partition last: tests append to it
@@ -25,7 +26,7 @@ def _write(tmp_path, name: str, text: str):
 def _error(tmp_path, text: str, name: str = "site.yaml") -> str:
     path = _write(tmp_path, name, text)
     with pytest.raises(UserError) as info:
-        load_site(str(path), environ={})
+        load_site(str(path), environ=NO_USER_CONFIG)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -94,7 +95,7 @@ def test_empty_truncated_and_unquoted_time(tmp_path):
 def test_extends_merges_and_detects_cycles(tmp_path):
     _write(tmp_path, "_base.yaml", "hostnames: ['login*']\nenv:\n  A: '1'\n  B: '2'\n" + MINIMAL)
     child = _write(tmp_path, "child.yaml", "extends: _base.yaml\nenv:\n  B: '3'\n")
-    site = load_site(str(child), environ={})
+    site = load_site(str(child), environ=NO_USER_CONFIG)
     assert site.profile.env == {"A": "1", "B": "3"}  # mappings merge, the child wins
     assert site.profile.hostnames == []  # hostnames are never inherited
     assert site.profile.scheduler == "slurm"
@@ -105,7 +106,7 @@ def test_extends_merges_and_detects_cycles(tmp_path):
 
 def test_extends_a_shipped_profile_by_name(tmp_path):
     path = _write(tmp_path, "mine.yaml", "extends: slurm-ib-openmpi\naccount: proj1\n")
-    site = load_site(str(path), environ={})
+    site = load_site(str(path), environ=NO_USER_CONFIG)
     assert site.profile.account == "proj1" and site.profile.launcher.mpi_plugin == "pmix"
 
 
@@ -134,7 +135,7 @@ def test_unknown_site_suggests(tmp_path):
 
 
 def test_base_files_are_hidden_but_extendable():
-    names = site_files(environ={})
+    names = site_files(environ=NO_USER_CONFIG)
     assert "_pbs-base" not in names
     assert {"local", "slurm-ib-openmpi", "slurm-roce-intelmpi", "pbs-ib-openmpi", "pbs-roce-intelmpi"} <= set(names)
 
