@@ -54,6 +54,10 @@ FORMAT_VERSION = 1
 _META_KEY = "__hpcvod_checkpoint__"
 _SCALARS = (bool, int, float, str, type(None))
 DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# The files through which the job script and the ranks talk (docs/preemption.md), in $HPCVOD_JOB_DIR:
+STOP_FILE = "stop-requested"        # the job script got the scheduler's warning: ranks, checkpoint and stop
+REQUEUE_FILE = "requeue-requested"  # rank 0 saved because of a stop: the job script requeues the job
+_STOP_FILE_POLL_SECONDS = 1.0       # stat() at most this often: cheap even on a parallel filesystem
 
 
 def default_directory(env: Optional[Mapping[str, str]] = None) -> Path:
@@ -196,9 +200,14 @@ class Checkpoint:
 
     ``directory``: where checkpoint files go (default: :func:`default_directory`).
     ``keep``: how many of the newest checkpoints to keep (older ones are deleted after a save).
-    ``signals``: signals that mean "the job will be stopped soon: save and exit" -- SIGUSR1 (the time-limit
-    warning hpcvod's Slurm script asks for, forwarded by srun/mpirun) and SIGTERM (preemption, scancel,
-    requeue). An empty tuple leaves signal handling alone. Handlers are installed in the main thread only.
+    ``signals``: signals that mean "the job will be stopped soon: save and exit" -- SIGTERM (preemption,
+    ``scontrol requeue``, scancel: Slurm's KillWait leaves time to save) and SIGUSR1. An empty tuple leaves
+    signal handling alone. Handlers are installed in the main thread only.
+
+    Inside a job submitted by hpcvod (``$HPCVOD_JOB_DIR`` set) it also works with the job script: the script
+    gets Slurm's warning before the time limit and leaves ``stop-requested`` in the job folder, which
+    ``stop_requested()`` notices; a ``save()`` made after a stop leaves ``requeue-requested``, and the script
+    then requeues the job. docs/preemption.md describes the whole cycle.
     """
 
     def __init__(self, directory: Optional[PathLike] = None, *, keep: int = 2,
@@ -208,6 +217,10 @@ class Checkpoint:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
             raise HpcvodInputError(f"Checkpoint(prefix={prefix!r}): use letters, digits, _ . -")
         self.directory = Path(directory) if directory is not None else default_directory()
+        job_dir = os.environ.get("HPCVOD_JOB_DIR")
+        self._job_dir = Path(job_dir) if job_dir else None
+        self._next_poll = 0.0
+        self._stopping = False
         self.keep = keep
         self.prefix = prefix
         self.resumed_from: Optional[int] = None  # the step restore() found, None for a fresh start
@@ -231,9 +244,27 @@ class Checkpoint:
         return self._signal
 
     def stop_requested(self) -> bool:
-        """True on every rank when any rank received a stop signal (collective: call it on every rank)."""
-        local = np.array([1 if self._signal is not None else 0], dtype=np.int32)
-        return bool(_allreduce_max(local, self._name("stop"))[0])
+        """True on every rank when any rank received a stop signal, or the job script left
+        ``$HPCVOD_JOB_DIR/stop-requested`` (collective: call it on every rank, e.g. once per step)."""
+        local = np.array([1 if self._signal is not None or self._stop_file_seen() else 0], dtype=np.int32)
+        stop = bool(_allreduce_max(local, self._name("stop"))[0])
+        self._stopping = self._stopping or stop
+        return stop
+
+    def _stop_file_seen(self) -> bool:
+        """Rank 0 looks for the job script's stop file (at most once a second); the allreduce tells the rest."""
+        if self._job_dir is None or _rank() != 0:
+            return False
+        now = time.monotonic()
+        if now < self._next_poll:
+            return False
+        self._next_poll = now + _STOP_FILE_POLL_SECONDS
+        if (self._job_dir / STOP_FILE).exists():
+            if self._signal is None:
+                print("hpcvod checkpoint: the job script asks to stop (time limit near); saving and stopping",
+                      file=sys.stderr, flush=True)
+            return True
+        return False
 
     def close(self) -> None:
         """Put back the signal handlers that were there before."""
@@ -285,6 +316,9 @@ class Checkpoint:
                 write_archive(written, state, step)
                 for old in self.steps()[:-self.keep]:
                     self.path_for(old).unlink(missing_ok=True)
+                if self._stopping and self._job_dir is not None:
+                    # saved because the job is being stopped: the job script puts it back in the queue
+                    (self._job_dir / REQUEUE_FILE).write_text(f"{step}\n")
             except (OSError, HpcvodInputError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
         # one collective both waits for the file and tells every rank whether rank 0 managed to write it
@@ -366,4 +400,5 @@ def _allreduce_max(array: np.ndarray, name: str) -> np.ndarray:
     return np.asarray(collectives.allreduce(array, name=name, op=collectives.Max))
 
 
-__all__ = ["Checkpoint", "default_directory", "read_archive", "write_archive", "DEFAULT_SIGNALS"]
+__all__ = ["Checkpoint", "default_directory", "read_archive", "write_archive", "DEFAULT_SIGNALS", "STOP_FILE",
+           "REQUEUE_FILE"]

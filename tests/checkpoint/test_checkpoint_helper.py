@@ -165,3 +165,19 @@ def test_two_ranks_agree_on_stop_and_share_rank0s_checkpoint(tmp_path: Path) -> 
         assert r["data"] == {"epoch": 1, "batch": 4}
     assert by_rank[0]["signalled"] is None and by_rank[1]["signalled"] == int(signal.SIGUSR1)
     assert by_rank[0]["files"] == ["ckpt-000000000007.npz"] and by_rank[1]["files"] == []   # only rank 0 writes
+
+
+def test_job_script_stop_file_and_requeue_request(tmp_path: Path, monkeypatch) -> None:
+    """The job-folder protocol with the Slurm script: stop-requested in, requeue-requested out."""
+    monkeypatch.setenv("HPCVOD_JOB_DIR", str(tmp_path))
+    monkeypatch.delenv("HPCVOD_CHECKPOINT_DIR", raising=False)
+    with Checkpoint(signals=()) as ckpt:
+        assert ckpt.directory == tmp_path / "checkpoints"
+        assert ckpt.stop_requested() is False
+        ckpt.save({"w": np.ones(1), "step": 1})
+        assert not (tmp_path / ckmod.REQUEUE_FILE).exists()      # a routine save asks for nothing
+        (tmp_path / ckmod.STOP_FILE).touch()                      # what the job script's USR1 trap does
+        ckpt._next_poll = 0.0                                     # (the file is polled at most once a second)
+        assert ckpt.stop_requested() is True
+        ckpt.save({"w": np.ones(1), "step": 2})
+        assert (tmp_path / ckmod.REQUEUE_FILE).read_text() == "2\n"
