@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import difflib
 import io
-import os
 import time
 import typing as tp
 from pathlib import Path
