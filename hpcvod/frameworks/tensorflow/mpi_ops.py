@@ -1,0 +1,376 @@
+"""The runtime's collectives on TensorFlow tensors, in eager mode and inside ``tf.function``.
+
+Eager tensors reach the runtime through DLPack: a read-only NumPy view of the tensor's own memory (``.numpy()``
+would copy, and is slow for large tensors). Results leave through DLPack too, from 64-byte-aligned NumPy buffers
+(TensorFlow aborts on less-aligned ones), so a reduction costs one copy into such a buffer, an in-place MPI call,
+and no copy out. Inside a graph each op is a ``tf.py_function`` around the same eager code (``tf.function``'s
+automatic control dependencies keep these stateful ops in program order, the same on every rank), wrapped in
+``tf.custom_gradient`` so that allreduce, allgather, broadcast, alltoall and reducescatter are differentiable.
+XLA cannot compile Python ops: compile Keras models with ``jit_compile=False`` (the default on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import hpcvod.runtime as rt
+from hpcvod.frameworks._common import (
+    aligned_empty, is_aligned, numpy_view_of_capsule, pack_aligned, resolve_op, set_rank_size,
+)
+from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
+
+global_process_set = rt.global_process_set
+# AutoGraph must not rewrite hpcvod's Python (it would trace into the runtime): run it as written.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+# dtypes NumPy cannot reduce natively travel as float32
+_WIDENED = {tf.bfloat16: tf.float32}
+
+
+# ---------------------------------------------------------------------------------------------- tensor <-> NumPy
+def _numpy_in(tensor: Any) -> np.ndarray:
+    """A (read-only) NumPy view of an eager tensor's memory; a copy only where DLPack cannot export it."""
+    t = tf.convert_to_tensor(tensor)
+    if t.shape.num_elements() and "GPU" not in t.device:
+        try:
+            return numpy_view_of_capsule(tf.experimental.dlpack.to_dlpack(t))
+        except Exception:  # noqa: BLE001 - dtypes DLPack lacks (bool, string): fall back to a copy
+            pass
+    return np.asarray(t.numpy())
+
+
+def _tensor_out(array: np.ndarray) -> tf.Tensor:
+    """An eager tensor over ``array``'s memory (copied first into an aligned buffer if it is not aligned)."""
+    if array.size:
+        if not (is_aligned(array) and array.flags.writeable):
+            aligned = aligned_empty(array.shape, array.dtype)
+            np.copyto(aligned, array)
+            array = aligned
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # noqa: BLE001 - dtypes DLPack lacks
+            pass
+    return tf.convert_to_tensor(array)
+
+
+def _aligned_copy(tensor: Any) -> np.ndarray:
+    src = _numpy_in(tensor)
+    buf = aligned_empty(src.shape, src.dtype)
+    np.copyto(buf, src)
+    return buf
+
+
+def _in_xla_context() -> bool:
+    try:
+        from tensorflow.python.ops import control_flow_util
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except Exception:  # noqa: BLE001 - private API moved: assume no XLA
+        return False
+
+
+def _run(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType]) -> list[tf.Tensor]:
+    """Runs ``eager_fn`` now (eager mode) or as a ``tf.py_function`` node (inside a graph)."""
+    if tf.executing_eagerly():
+        outs = eager_fn(*inputs)
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if _in_xla_context():
+        raise RuntimeError("hpcvod collectives cannot run inside an XLA-compiled function: use "
+                           "jit_compile=False (model.compile(..., jit_compile=False) or tf.function without "
+                           "jit_compile)")
+    outs = tf.py_function(eager_fn, inputs, out_dtypes)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _widen(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
+    wide = _WIDENED.get(tensor.dtype)
+    return (tf.cast(tensor, wide), tensor.dtype) if wide is not None else (tensor, None)
+
+
+def _narrow(tensor: tf.Tensor, dtype: tf.DType | None) -> tf.Tensor:
+    return tensor if dtype is None else tf.cast(tensor, dtype)
+
+
+# ---------------------------------------------------------------------------------------------- eager bodies
+def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    buf = _aligned_copy(t)
+    rt.allreduce_(buf, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+    return _tensor_out(buf)
+
+
+def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
+                             ps: Any) -> list[tf.Tensor]:
+    """One in-place allreduce per dtype over a packed aligned buffer; results are views of it."""
+    arrays = [_numpy_in(t) for t in tensors]
+    by_dtype: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    results: list[Any] = [None] * len(arrays)
+    for dtype, indices in by_dtype.items():
+        buffer, views = pack_aligned([arrays[i] for i in indices])
+        group_name = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype}")
+        rt.allreduce_(buffer, name=group_name, op=op, prescale_factor=pre, postscale_factor=post,
+                      process_set=ps)
+        for i, view in zip(indices, views):
+            results[i] = _tensor_out(view)
+    return results
+
+
+def _eager_allgather(t: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
+    return _tensor_out(rt.allgather(_numpy_in(t), name=name, process_set=ps))
+
+
+def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
+    buf = _aligned_copy(t)
+    rt.broadcast_(buf, root_rank, name=name, process_set=ps)
+    return _tensor_out(buf)
+
+
+def _eager_alltoall(t: tf.Tensor, splits: Any, name: str | None, ps: Any) -> list[tf.Tensor]:
+    splits_array = None if splits is None else np.asarray(_numpy_in(splits), dtype=np.int32)
+    result = rt.alltoall(_numpy_in(t), splits=splits_array, name=name, process_set=ps)
+    output, received = result if isinstance(result, tuple) else (result, None)
+    if received is None:
+        received = np.full(set_rank_size(ps)[1], len(output) // set_rank_size(ps)[1], dtype=np.int32)
+    return [_tensor_out(output), tf.constant(np.asarray(received, dtype=np.int32))]
+
+
+def _eager_reducescatter(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    out = rt.reducescatter(_numpy_in(t), name=name, op=op, prescale_factor=pre, postscale_factor=post,
+                           process_set=ps)
+    return _tensor_out(out)
+
+
+# ---------------------------------------------------------------------------------------------- differentiable ops
+def _reduce_dense(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _run(lambda t: _eager_allreduce(t, name, op, pre, post, ps), [x], [x.dtype])[0]
+        y.set_shape(x.shape)
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            if op not in (rt.Average, rt.Sum):
+                raise NotImplementedError(f"allreduce with op={op} has no gradient (only Average and Sum do)")
+            return _reduce_dense(dy, None, op, pre, post, ps)
+        return y, grad
+
+    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    return _narrow(forward(wide), dtype)
+
+
+def _reduce_grouped(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
+                    ps: Any) -> list[tf.Tensor]:
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = _run(lambda *ts: _eager_grouped_allreduce(ts, name, op, pre, post, ps), list(xs),
+                  [x.dtype for x in xs])
+        for y, x in zip(ys, xs):
+            y.set_shape(x.shape)
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            if op not in (rt.Average, rt.Sum):
+                raise NotImplementedError(f"grouped_allreduce with op={op} has no gradient")
+            return _reduce_grouped(dys, None, op, pre, post, ps)
+        return ys, grad
+
+    widened = [_widen(tf.convert_to_tensor(t)) for t in tensors]
+    outs = forward(*[w for w, _ in widened])
+    return [_narrow(o, d) for o, (_, d) in zip(outs, widened)]
+
+
+def _gather(tensor: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _run(lambda t: _eager_allgather(t, name, ps), [x], [x.dtype])[0]
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            # The summed gradient, cut to this rank's rows (every rank's first dimension comes from an allgather).
+            summed = _reduce_dense(dy, None, rt.Sum, 1.0, 1.0, ps)
+            dims = _gather(tf.shape(x, out_type=tf.int64)[:1], None, ps)
+            my_rank = set_rank_size(ps)[0]
+            offset = tf.reduce_sum(dims[:my_rank])
+            return summed[offset:offset + dims[my_rank]]
+        return y, grad
+
+    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    return _narrow(forward(wide), dtype)
+
+
+def _bcast(tensor: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _run(lambda t: _eager_broadcast(t, root_rank, name, ps), [x], [x.dtype])[0]
+        y.set_shape(x.shape)
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            summed = _reduce_dense(dy, None, rt.Sum, 1.0, 1.0, ps)
+            return summed if rt.rank() == root_rank else tf.zeros_like(summed)
+        return y, grad
+
+    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    return _narrow(forward(wide), dtype)
+
+
+def _exchange(tensor: tf.Tensor, splits: Any, name: str | None, ps: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        inputs = [x] if splits is None else [x, tf.cast(splits, tf.int32)]
+        y, received = _run(lambda t, *s: _eager_alltoall(t, s[0] if s else None, name, ps), inputs,
+                           [x.dtype, tf.int32])
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+        received.set_shape([set_rank_size(ps)[1]])
+
+        def grad(dy: tf.Tensor, _d_received: Any = None) -> tf.Tensor:
+            return _exchange(dy, received, None, ps)[0]
+        return (y, received), grad
+
+    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    y, received = forward(wide)
+    return _narrow(y, dtype), tf.stop_gradient(received)
+
+
+def _scatter(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _run(lambda t: _eager_reducescatter(t, name, op, pre, post, ps), [x], [x.dtype])[0]
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            if op not in (rt.Average, rt.Sum):
+                raise NotImplementedError(f"reducescatter with op={op} has no gradient")
+            scale = pre * post / (set_rank_size(ps)[1] if op == rt.Average else 1)
+            return _gather(dy, None, ps) * tf.cast(scale, dy.dtype)
+        return y, grad
+
+    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    return _narrow(forward(wide), dtype)
+
+
+# ---------------------------------------------------------------------------------------------- public ops
+@_not_converted
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
+              compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None, process_set: Any = global_process_set,
+              ignore_name_scope: bool = False) -> Any:
+    """Reduces a ``tf.Tensor``/``tf.Variable`` over all ranks (differentiable). A ``tf.IndexedSlices`` is reduced
+    by allgathering its values and indices (divided by the set size for ``Average``)."""
+    op = resolve_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (rt.Average, rt.Sum):
+            raise NotImplementedError(f"sparse (IndexedSlices) allreduce supports Average and Sum, not {op}")
+        values = _gather(tensor.values, None if name is None else f"{name}.values", process_set)
+        indices = _gather(tensor.indices, None if name is None else f"{name}.indices", process_set)
+        if op == rt.Average:
+            values = values / tf.cast(set_rank_size(process_set)[1], values.dtype)
+        return tf.IndexedSlices(values * tf.cast(prescale_factor * postscale_factor, values.dtype), indices,
+                                dense_shape=tensor.dense_shape)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    reduced = _reduce_dense(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+@_not_converted
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
+                      device_sparse: str = "", compression: type[Compressor] = Compression.none, op: Any = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: Any = global_process_set, ignore_name_scope: bool = False,
+                      name: str | None = None) -> list[Any]:
+    """Reduces a list of dense tensors as one fused operation (differentiable)."""
+    op = resolve_op(average, op)
+    if not tensors:
+        return []
+    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    reduced = _reduce_grouped([c for c, _ in compressed], name, op, prescale_factor, postscale_factor, process_set)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+@_not_converted
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: Any = global_process_set) -> tf.Tensor:
+    """Concatenates every rank's tensor along the first dimension (sizes may differ; differentiable)."""
+    return _gather(tf.convert_to_tensor(tensor), name, process_set)
+
+
+@_not_converted
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+                      process_set: Any = global_process_set) -> list[tf.Tensor]:
+    return [allgather(t, None if name is None else f"{name}.{i}", process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+@_not_converted
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: Any = global_process_set) -> tf.Tensor:
+    """Returns ``root_rank``'s value of ``tensor`` (differentiable: the root's input gets the summed gradient)."""
+    return _bcast(tf.convert_to_tensor(tensor), root_rank, name, process_set)
+
+
+@_not_converted
+def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: Any = global_process_set) -> list[tf.Tensor]:
+    """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values."""
+    from hpcvod.frameworks.tensorflow.functions import broadcast_variables
+    broadcast_variables(variables, root_rank, process_set=process_set)
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+@_not_converted
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+             process_set: Any = global_process_set) -> Any:
+    """Scatters slices of ``tensor`` (first dimension) to every rank and gathers what they send. Returns the
+    gathered tensor, plus the received splits when ``splits`` is given (Horovod's shape; differentiable)."""
+    output, received = _exchange(tf.convert_to_tensor(tensor), splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+@_not_converted
+def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compressor] = Compression.none,
+                  op: Any = None, name: str | None = None, process_set: Any = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduces ``tensor`` over all ranks and returns this rank's slice of the first dimension (differentiable)."""
+    op = rt.Average if op is None else op
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _scatter(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+@_not_converted
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none, op: Any = None,
+                          name: str | None = None, process_set: Any = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
+    return [reducescatter(t, compression=compression, op=op, name=None if name is None else f"{name}.{i}",
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+
+
+@_not_converted
+def join() -> int:
+    """Marks this rank as out of data; returns the rank that joined last once every rank has joined."""
+    return rt.join()
+
+
+@_not_converted
+def barrier(process_set: Any = global_process_set) -> None:
+    rt.barrier(process_set=process_set)
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    return tf.constant(rt.size(), dtype=tf.int32)
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(rt.local_size(), dtype=tf.int32)
+
+
+def rank_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(rt.rank(), dtype=tf.int32)
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    return tf.constant(rt.local_rank(), dtype=tf.int32)

@@ -1,0 +1,251 @@
+"""``DistributedOptimizer``: averages gradients over all ranks while ``loss.backward()`` is still running.
+
+A post-accumulate-grad hook on every parameter starts that gradient's in-place allreduce the moment autograd has
+finished it, so the runtime's background engine reduces (and fuses) early gradients while later layers are still
+being differentiated. ``step()`` (or ``synchronize()``) waits for the outstanding reductions, then runs the wrapped
+optimizer's own update.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+import hpcvod.runtime as rt
+from hpcvod.frameworks._common import average_as_prescale, set_rank_size
+from hpcvod.frameworks.torch import mpi_ops
+from hpcvod.frameworks.torch.compression import Compression, Compressor
+
+_INSTANCE_OVERRIDES = ("step", "zero_grad", "synchronize")
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixin body of the classes ``DistributedOptimizer`` builds; ``_hvd_*`` attributes are its own state."""
+
+    def _hvd_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                   compression: type[Compressor], backward_passes_per_step: int, op: Any,
+                   gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                   process_set: Any) -> None:
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
+                                 "model.named_parameters()")
+            seen: set[str] = set()
+            duplicates = sorted({name for name, _ in named if name in seen or seen.add(name)})
+            if duplicates:
+                raise ValueError(f"Parameter names in named_parameters must be unique; duplicates: "
+                                 f"{', '.join(duplicates)}")
+            names = {id(p): name for name, p in named}
+            unnamed = [i for i, p in enumerate(all_params) if id(p) not in names]
+            if unnamed:
+                raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) are not "
+                                 f"in it (positions {unnamed[:10]} in the param groups)")
+        else:
+            names = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
+
+        self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
+        self._hvd_compression = compression
+        self._hvd_op, self._hvd_prescale, self._hvd_postscale = average_as_prescale(op, gradient_predivide_factor)
+        self._hvd_sparse_as_dense = sparse_as_dense
+        self._hvd_process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._hvd_delay = {p: backward_passes_per_step for p in all_params}
+        self._hvd_requires_update = [p for p in all_params if p.requires_grad]
+        self._hvd_handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
+        self._hvd_hooks: list[Any] = []
+        self._hvd_synchronized = False
+        self._hvd_should_synchronize = True
+        self._hvd_group_of, self._hvd_group_ready = self._hvd_make_groups(groups)
+
+        included = process_set.included() if hasattr(process_set, "included") else True
+        set_size = set_rank_size(process_set)[1] if included else 1
+        self._hvd_active = included and set_size > 1
+        if self._hvd_active:
+            for p in self._hvd_requires_update:
+                self._hvd_hooks.append(p.register_post_accumulate_grad_hook(self._hvd_on_grad_ready))
+
+    def _hvd_make_groups(self, groups: Any) -> tuple[dict[torch.Tensor, int], dict[int, list[torch.Tensor]]]:
+        """Parameters reduced together: ``groups`` is a number of groups or a list of lists of parameters."""
+        if groups is None:
+            return {}, {}
+        params = self._hvd_requires_update
+        if isinstance(groups, int):
+            if groups < 1:
+                raise ValueError(f"groups must be a positive number or a list of parameter lists, got {groups}")
+            chunk = -(-len(params) // groups)
+            lists = [params[i:i + chunk] for i in range(0, len(params), chunk)]
+        elif isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
+            lists = [list(g) for g in groups]
+            known = {id(p) for p in params}
+            if any(id(p) not in known for g in lists for p in g):
+                raise ValueError("groups contains a parameter that is not a trainable parameter of the optimizer")
+        else:
+            raise ValueError("groups must be a number of groups or a list of lists of parameters")
+        self._hvd_group_sizes = [len(g) for g in lists]
+        group_of = {p: i for i, g in enumerate(lists) for p in g}
+        return group_of, {i: [] for i in range(len(lists))}
+
+    # ------------------------------------------------------------------------------------------ reductions
+    def _hvd_on_grad_ready(self, p: torch.Tensor) -> None:
+        handle, _ = self._hvd_handles.get(p, (None, None))
+        if handle is not None or self._hvd_delay[p] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
+                                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+        self._hvd_delay[p] -= 1
+        if self._hvd_delay[p] > 0:
+            self._hvd_handles[p] = (None, None)
+            return
+        group = self._hvd_group_of.get(p)
+        if group is None:
+            self._hvd_handles[p] = self._hvd_start(p)
+            return
+        # A group is submitted back to back once all its members are ready, so the engine fuses it.
+        ready = self._hvd_group_ready[group]
+        ready.append(p)
+        self._hvd_handles[p] = (None, None)
+        if len(ready) == self._hvd_group_sizes[group]:
+            for q in ready:
+                self._hvd_handles[q] = self._hvd_start(q)
+            ready.clear()
+
+    def _hvd_start(self, p: torch.Tensor) -> tuple[int, Any]:
+        """Starts the allreduce of ``p.grad``; returns (handle, decompression context)."""
+        if p.grad is None:
+            # This rank never used p, other ranks may have: every rank must submit the same tensors.
+            p.grad = torch.zeros_like(p)
+        name = self._hvd_names[p]
+        if p.grad.is_sparse:
+            if self._hvd_sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            else:
+                return mpi_ops.sparse_allreduce_async(p.grad, name, self._hvd_op, self._hvd_process_set), "sparse"
+        compressed, ctx = self._hvd_compression.compress(p.grad)
+        handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._hvd_op,
+                                          prescale_factor=self._hvd_prescale, postscale_factor=self._hvd_postscale,
+                                          process_set=self._hvd_process_set)
+        return handle, (compressed, ctx)
+
+    def synchronize(self) -> None:
+        """Waits until every gradient has been reduced (starting the ones no hook started) and writes them back."""
+        if not self._hvd_active:
+            self._hvd_synchronized = True
+            return
+        for p in self._hvd_requires_update:
+            handle, _ = self._hvd_handles.get(p, (None, None))
+            if handle is None:
+                self._hvd_handles[p] = self._hvd_start(p)
+        for group in self._hvd_group_ready.values():
+            group.clear()
+        for p, (handle, ctx) in self._hvd_handles.items():
+            output = mpi_ops.synchronize(handle)
+            self._hvd_delay[p] = self.backward_passes_per_step
+            if ctx == "sparse":
+                p.grad = output
+                continue
+            compressed, compression_ctx = ctx
+            if compressed is not p.grad:
+                with torch.no_grad():
+                    p.grad.copy_(self._hvd_compression.decompress(compressed, compression_ctx))
+        self._hvd_handles.clear()
+        self._hvd_synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Makes ``step()`` skip its ``synchronize()``, after an explicit one (gradient clipping, AMP unscaling)."""
+        self._hvd_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._hvd_should_synchronize = True
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+        for p in self._hvd_delay:
+            self._hvd_delay[p] = passes
+
+    def step(self, closure: Any = None) -> Any:
+        if self._hvd_should_synchronize:
+            if self._hvd_synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._hvd_synchronized = False
+        # What an LR scheduler's step-order check looks for, also on the optimizer it was created with.
+        self._opt_called = True
+        if self._hvd_original is not None:
+            self._hvd_original._opt_called = True
+        return super(self._hvd_base, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if any(handle is not None for handle, _ in self._hvd_handles.values()):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can cause "
+                                 "a race condition.")
+        self._hvd_handles.clear()
+        return super(self._hvd_base, self).zero_grad(set_to_none)
+
+    def _hvd_remove_hooks(self) -> None:
+        for hook in self._hvd_hooks:
+            hook.remove()
+        self._hvd_hooks.clear()
+
+
+_class_cache: dict[type, type] = {}
+
+
+def _distributed_class(base: type) -> type:
+    """A subclass of the user's optimizer class with the mixin's methods (so isinstance checks, LR schedulers and
+    state_dict keep working)."""
+    cls = _class_cache.get(base)
+    if cls is None:
+        body = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+                if k not in ("__dict__", "__weakref__", "__doc__")}
+        body["_hvd_base"] = None  # set below, once the class exists
+        cls = type(base.__name__, (base,), body)
+        # Marks step as already profiled: Optimizer.load_state_dict would otherwise wrap it in torch's profiling
+        # hook, and step hooks would run twice (once around this step, once around the base class's).
+        cls.step.hooked = True
+        cls._hvd_base = cls
+        cls.__module__ = __name__
+        _class_cache[base] = cls
+    return cls
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                         op: Any = None, gradient_predivide_factor: float = 1.0, groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: Any = rt.global_process_set) -> torch.optim.Optimizer:
+    """Wraps ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over the ranks of ``process_set``.
+
+    The returned optimizer shares ``optimizer``'s parameter groups and state (anything loaded into it before
+    wrapping is kept) and is an instance of a subclass of ``optimizer``'s class. Gradient reductions start from
+    backward hooks; ``synchronize()`` waits for them, ``skip_synchronize()`` lets ``step()`` skip that wait after an
+    explicit ``synchronize()``. ``backward_passes_per_step`` accumulates that many backward passes locally before
+    reducing; ``groups`` (a count, or lists of parameters) reduces parameters in fused groups; ``compression``
+    (``Compression.fp16``) halves the bytes sent; sparse gradients are allgathered unless ``sparse_as_dense``.
+    """
+    if hasattr(optimizer, "_hvd_setup"):
+        raise ValueError("optimizer is already a hpcvod DistributedOptimizer")
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    # Share the optimizer's state, param groups, hooks and defaults; drop instance-level method patches (an LR
+    # scheduler created before wrapping replaces ``step`` on the instance) so the distributed methods win.
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in _INSTANCE_OVERRIDES})
+    wrapped._hvd_original = optimizer
+    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                       groups, sparse_as_dense, process_set)
+    return wrapped

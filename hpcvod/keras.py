@@ -1,0 +1,4 @@
+"""``import hpcvod.keras as hvd``: the same as ``hpcvod.tensorflow.keras`` (Horovod's ``horovod.keras``)."""
+
+from hpcvod.frameworks.tensorflow.keras import *  # noqa: F401,F403
+from hpcvod.frameworks.tensorflow.keras import __all__, __getattr__  # noqa: F401  (reduction ops, lazily)

@@ -1,0 +1,4 @@
+"""``import hpcvod.torch as hvd``: Horovod's PyTorch API (see docs/frameworks.md, docs/drop-in.md)."""
+
+from hpcvod.frameworks.torch import *  # noqa: F401,F403
+from hpcvod.frameworks.torch import __all__, __getattr__  # noqa: F401  (reduction ops, lazily)

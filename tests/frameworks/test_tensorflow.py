@@ -1,0 +1,42 @@
+"""hpcvod.tensorflow and hpcvod.tensorflow.keras (Keras 3) on 2 real MPI ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from frameworks_helpers import assert_check, assert_same_checks, run_checks
+
+pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
+
+CHECKS = [
+    "ops_eager_every_op_and_dtype",
+    "ops_zero_copy_views",
+    "ops_eager_gather_broadcast_alltoall_reducescatter_sparse",
+    "ops_inside_tf_function",
+    "gradients_through_collectives_eager_and_graph",
+    "broadcast_variables_and_objects",
+    "custom_loop_distributed_gradient_tape_matches_single_rank",
+    "partial_tape_keeps_local_layer_local_and_sparse_grads",
+    "keras_fit_matches_single_rank_with_callbacks",
+    "keras_backward_passes_per_step",
+    "learning_rate_callbacks",
+    "checkpoint_restore_with_load_model_and_broadcast_callback",
+    "xla_compiled_step_gives_a_clear_error",
+]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("tensorflow")
+    return run_checks("tf_worker.py", tmp_path_factory.mktemp("tensorflow"))
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_tensorflow_check(report: dict[str, Any], name: str) -> None:
+    assert_check(report, name)
+
+
+def test_tensorflow_worker_ran_every_check_and_exited_cleanly(report: dict[str, Any]) -> None:
+    assert_same_checks(report, CHECKS)

@@ -1,0 +1,55 @@
+"""Runs named checks inside an MPI worker and reports every rank's outcome to one JSON file.
+
+A check is a function that raises (usually AssertionError) when something is wrong and may return a short detail
+string. Checks must issue the same collectives on every rank (assert after communicating), so that one rank's
+failure does not leave the others waiting.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import hpcvod.runtime as rt
+
+# A hung worker prints every thread's stack and exits before the test's own timeout kills it silently.
+if os.environ.get("HPCVOD_TEST_WORKER_TIMEOUT"):
+    faulthandler.dump_traceback_later(float(os.environ["HPCVOD_TEST_WORKER_TIMEOUT"]), exit=True)
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.results: dict[str, dict] = {}
+
+    def __call__(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Decorator: runs ``fn`` now, under its own name."""
+        start = time.perf_counter()
+        try:
+            detail = fn()
+            outcome = {"ok": True, "detail": "" if detail is None else str(detail)}
+        except Exception:  # noqa: BLE001 - reported, not swallowed
+            outcome = {"ok": False, "detail": traceback.format_exc(limit=6)}
+            # Printed at once: if the other ranks now wait in a collective this rank skipped, the log says why.
+            print(f"[rank {rt.rank()}] check {fn.__name__} FAILED:\n{outcome['detail']}", file=sys.stderr,
+                  flush=True)
+        outcome["seconds"] = round(time.perf_counter() - start, 3)
+        self.results[fn.__name__] = outcome
+        return fn
+
+    def report(self, path: str) -> None:
+        everyone = rt.allgather_object(self.results)
+        if rt.rank() == 0:
+            merged = {name: [ranks[name] for ranks in everyone] for name in everyone[0]}
+            with open(path, "w") as f:
+                json.dump({"size": rt.size(), "checks": merged}, f, indent=1)
+
+
+def output_path() -> str:
+    if len(sys.argv) != 2:
+        raise SystemExit(f"usage: {sys.argv[0]} RESULTS.json")
+    return sys.argv[1]
