@@ -37,9 +37,9 @@ def _alive(pid: int, start_time: int | None) -> bool:
     return state != "Z" and (start_time is None or started == start_time)
 
 
-def _job_processes(pid: int, pgid: int) -> list[int]:
-    """Live (non-zombie) processes of the job: its process group and every descendant of its first process
-    (MPI launchers put ranks in sessions of their own, out of the group's reach)."""
+def _job_processes(roots: "set[int]", pgid: int) -> list[int]:
+    """Live (non-zombie) processes of the job: its process group and every descendant of ``roots`` (MPI
+    launchers put ranks in sessions of their own, out of the group's reach)."""
     stats = {}
     parents: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
@@ -53,14 +53,13 @@ def _job_processes(pid: int, pgid: int) -> list[int]:
         child = int(entry.name)
         stats[child] = (fields[0], int(fields[2]))
         parents.setdefault(int(fields[1]), []).append(child)
-    found = {p for p, (_, group) in stats.items() if group == pgid}
-    todo = [pid]
+    found = {p for p, (_, group) in stats.items() if group == pgid} | set(roots)
+    todo = list(found)
     while todo:
         for child in parents.get(todo.pop(), []):
             if child not in found:
                 found.add(child)
                 todo.append(child)
-    found.add(pid)
     return sorted(p for p in found if p in stats and stats[p][0] != "Z")
 
 
@@ -121,23 +120,42 @@ class LocalScheduler(Scheduler):
                          source="/proc")
 
     def cancel(self, job_id: str, job_dir: Path | None, grace_seconds: float = 5.0) -> None:
+        """SIGTERM to the job's process group and every process it started (MPI launchers put ranks in sessions
+        of their own), SIGKILL to whatever is left after the grace time. The tree is looked at again on every
+        round: a launcher that was still starting when cancel came is caught as well, and a process that lost
+        its parent stays known (by pid and start time, so a reused pid is never hit)."""
         pid, start_time = _pid_of(job_id, job_dir)
         pgid = _job_record(job_dir).get("pgid", pid)
         if not _alive(pid, start_time):
             return  # already over (or the pid now belongs to someone else)
-        targets = _job_processes(pid, pgid)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for target in targets:
-                try:
-                    os.kill(target, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace_seconds
-            while time.monotonic() < deadline:
-                targets = [t for t in targets if _proc_stat(t) and _proc_stat(t)[0] != "Z"]
-                if not targets:
+        known: dict[int, int] = {}  # pid -> start time
+        signalled: dict[int, int] = {}  # pid -> last signal sent
+        sig = signal.SIGTERM
+        deadline = time.monotonic() + grace_seconds
+        while True:
+            for target in _job_processes({pid, *known}, pgid):
+                stat = _proc_stat(target)
+                if stat:
+                    known.setdefault(target, stat[2])
+            live = [p for p, started in known.items() if _alive(p, started)]
+            if not live:
+                return
+            try:
+                os.killpg(pgid, sig)  # also reaches what starts between two looks at the tree
+            except (ProcessLookupError, PermissionError):
+                pass
+            for target in live:
+                if signalled.get(target) != sig:
+                    try:
+                        os.kill(target, sig)
+                    except ProcessLookupError:
+                        pass
+                    signalled[target] = sig
+            if time.monotonic() > deadline:
+                if sig == signal.SIGKILL:
                     return
-                time.sleep(0.05)
+                sig, deadline = signal.SIGKILL, time.monotonic() + grace_seconds
+            time.sleep(0.05)
 
 
 SCHEDULER = LocalScheduler

@@ -225,3 +225,70 @@ def test_wait_shows_one_live_line_on_a_terminal(workdir):
     shown = "".join(chunks)
     assert "\r" in shown and "RUNNING" in shown and "COMPLETED (exit 0)" in shown
     assert shown.count("\n") <= 2, repr(shown)  # one live line, ended once
+
+
+def _processes_running(script: Path) -> list[int]:
+    """Live processes whose command line names ``script`` (as the job wrote it: relative to its folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                state = (entry / "stat").read_text().rsplit(") ", 1)[1][0]
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if state != "Z" and any(w == str(script) or (w == script.name and cwd == str(script.parent))
+                                    for w in words):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5])
+def test_cancel_right_after_submit_leaves_nothing_running(workdir, delay):
+    """Cancel may come while the script is still starting its launcher: no rank may survive it."""
+    script = workdir / f"sleeper-{int(delay * 1000)}.py"
+    script.write_text(SLEEPER)
+    env = clean_env(workdir)
+    sub = _submit(workdir, "--tasks-per-node", "2", script.name)
+    time.sleep(delay)
+    done = hpcvod("cancel", sub["job_id"], cwd=workdir, env=env)
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 15
+    while _processes_running(script) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftover = _processes_running(script)
+    for pid in leftover:  # never leave sleepers behind, even when the assertion below fails
+        os.kill(pid, 9)
+    assert leftover == []
+    assert wait_until_finished(sub["job_id"], workdir, env, timeout=30)["state"] == "CANCELLED"
+
+
+@pytest.mark.mpi
+def test_cancel_in_the_same_instant_as_submit(workdir, monkeypatch):
+    """In-process (the Python API's path): cancel can land while bash is forking the launcher."""
+    from hpcvod.jobs.host import detect_host
+    from hpcvod.jobs.spec import JobSpec
+    from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared
+    from hpcvod.sites import load_site
+
+    monkeypatch.chdir(workdir)
+    script = workdir / "sleeper-now.py"
+    script.write_text(SLEEPER)
+    site = load_site("local", environ={"XDG_CONFIG_HOME": str(workdir / "none")})
+    prepared = prepare(JobSpec(program=script.name, tasks_per_node=2), site, detect_host())
+    refs = []
+    try:
+        for _ in range(8):
+            ref = submit_prepared(prepared, workdir / "jobs")
+            refs.append(ref)
+            cancel_job(ref)
+        deadline = time.monotonic() + 15
+        while _processes_running(script) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_running(script) == []
+        assert {job_status(ref).state for ref in refs} == {"CANCELLED"}
+    finally:
+        for pid in _processes_running(script):
+            os.kill(pid, 9)
