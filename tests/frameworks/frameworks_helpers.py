@@ -6,6 +6,7 @@ Framework imports are slow (torch ~1 s, TensorFlow several s), so each framework
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +30,12 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1")
     env.update(extra or {})
     return env
+
+
+def require_framework(module: str) -> None:
+    """Skips (without importing it: that costs seconds) when ``module`` is not installed in this venv."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed in {sys.prefix}")
 
 
 def launch(n: int, script: Path, *args: str, timeout: float = 240.0,

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from frameworks_helpers import assert_check, assert_same_checks, run_checks
+from frameworks_helpers import assert_check, assert_same_checks, require_framework, run_checks
 
 pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
 
@@ -33,7 +32,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    pytest.importorskip("torch")
+    require_framework("torch")
     return run_checks("torch_worker.py", tmp_path_factory.mktemp("torch"))
 
 

@@ -33,7 +33,7 @@ def DistributedOptimizer(optimizer: _Any, *args: _Any, **kwargs: _Any) -> _Any:
     return keras_distributed_optimizer(optimizer, *args, **kwargs)
 
 
-def __getattr__(name: str) -> "_Any":
+def __getattr__(name: str) -> _Any:
     """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI)."""
     return _lazy_runtime_attribute(__name__, name)
 

@@ -22,7 +22,7 @@ from hpcvod.frameworks.torch.optimizer import DistributedOptimizer  # noqa: E402
 from hpcvod.frameworks.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402
 
 
-def __getattr__(name: str) -> "_Any":
+def __getattr__(name: str) -> _Any:
     """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI)."""
     return _lazy_runtime_attribute(__name__, name)
 

@@ -45,7 +45,7 @@ def load_model(filepath: str, custom_optimizers: list[type] | None = None, custo
     return model
 
 
-def __getattr__(name: str) -> "_Any":
+def __getattr__(name: str) -> _Any:
     """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI)."""
     return _lazy_runtime_attribute(__name__, name)
 
