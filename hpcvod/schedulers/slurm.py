@@ -38,6 +38,10 @@ class SlurmOptions:
     exclusive: bool = doc("ask for whole nodes (--exclusive)", False)
     sacct: Literal["auto", "never"] = doc(
         "ask sacct about jobs squeue and scontrol no longer know ('never' where accounting is off)", "auto")
+    requeue_warning: int = doc(
+        "seconds before the time limit at which Slurm warns the job script (--signal=B:USR1@N, at most half the "
+        "walltime), so ranks using hpcvod.runtime.checkpoint save and the job requeues itself "
+        "(docs/preemption.md); 0 = no warning", 120)
 
 
 def slurm_state(word: str) -> str:
@@ -90,6 +94,13 @@ class SlurmScheduler(Scheduler):
         if self.options.exclusive:
             out.append("--exclusive")
         out.append(f"--output={OUTPUT_FILE}")  # relative to the submit dir = the job folder
+        # preemption, `scontrol requeue` and the script's own requeue put the job back in the queue; each run
+        # adds to output.log instead of wiping the one before (docs/preemption.md)
+        out.append("--requeue")
+        out.append("--open-mode=append")
+        warning = min(self.options.requeue_warning, plan.time_seconds // 2)
+        if warning > 0:
+            out.append(f"--signal=B:USR1@{warning}")
         return out
 
     @staticmethod

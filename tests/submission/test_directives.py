@@ -81,7 +81,7 @@ def test_pbs_pro_grammar(golden_workdir, site_name, nodes, gpus):
 
 SBATCH_OPTION = re.compile(r"^--(?P<opt>[a-z-]+)(=(?P<val>\S+))?$")
 SBATCH_KNOWN = {"job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "gres", "gpus-per-node",
-                "time", "partition", "account", "exclusive", "output"}
+                "time", "partition", "account", "exclusive", "output", "requeue", "open-mode", "signal"}
 
 
 @pytest.mark.parametrize("site_name", ["slurm-ib-openmpi", "slurm-roce-intelmpi"])

@@ -11,6 +11,9 @@
 #SBATCH --time=00:30:00
 #SBATCH --partition=debug
 #SBATCH --output=output.log
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR1@120
 
 # sbatch ran in the job folder: logs and the exit status go there
 export HPCVOD_JOB_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
@@ -31,6 +34,24 @@ export HPCVOD_JOB_NAME=train
 # environment: --env
 export MY_SETTING='a b;c'
 
+# A requeued run starts clean. Slurm's warning before the time limit (SIGUSR1, --signal) becomes a file the
+# checkpoint helper of the ranks looks for; the launcher runs in the background because bash runs a trap only
+# once its foreground command has ended (docs/preemption.md).
+rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_DIR/requeue-requested"
+trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
+
 cd /tmp/hpcvod-golden-workdir
 /opt/mpich/bin/mpiexec -n 2 -ppn 2 \
-    /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'
+    /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
+hpcvod_launcher=$!
+hpcvod_status=0
+wait "$hpcvod_launcher" || hpcvod_status=$?
+while kill -0 "$hpcvod_launcher" 2>/dev/null; do  # the wait above was cut short by the trap
+    hpcvod_status=0
+    wait "$hpcvod_launcher" || hpcvod_status=$?
+done
+if [ "$hpcvod_status" = 0 ] && [ -e "$HPCVOD_JOB_DIR/requeue-requested" ]; then
+    echo "hpcvod: the ranks checkpointed and stopped: requeueing job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$hpcvod_status"
