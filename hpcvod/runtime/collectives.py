@@ -33,6 +33,7 @@ Max = MAX
 Product = PRODUCT
 
 _ndarray = np.ndarray
+_NO_COMPRESSION = Compression.none
 _VALID_OPS = (AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT)
 
 AnyHandle = Union[Handle, GroupHandle]
@@ -128,11 +129,14 @@ def _reduction_plan(dtype: np.dtype, op: int) -> tuple:
 def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str], op: Optional[int],
                       prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
                       in_place: bool, out: Any) -> Handle:
-    """The handle of an uncompressed allreduce (the hot path: keep it lean)."""
+    """The handle of an uncompressed allreduce.
+
+    The hot path of every training step: fields equal to the Handle class defaults are not assigned.
+    """
     lane = process_set._lane
     if lane is None:
         lane = _lane_of(process_set)
-    a = tensor if type(tensor) is _ndarray else as_array(tensor, writable=in_place)
+    a = tensor if tensor.__class__ is _ndarray else as_array(tensor, writable=in_place)
     if op is None:
         op = AVERAGE if average is None or average else SUM
     elif average is not None:
@@ -141,16 +145,16 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
     plan = _plans.get((dtype, op))
     if plan is None:
         plan = _reduction_plan(dtype, op)
-    finish = None
-    flags = a.flags
-    if in_place and not flags.writeable:
-        raise HpcvodInputError("allreduce_: an in-place collective needs a writable array")
-    if not flags.c_contiguous:
-        a, copy_back = _contiguous_work(a, in_place)
-        if copy_back is not None:
-            finish = _copy_into(copy_back)
     pre = float(prescale_factor)
     post = float(postscale_factor)
+    flags = a.flags
+    if flags.c_contiguous and (flags.writeable or not in_place):
+        finish = None
+    else:
+        if in_place and not flags.writeable:
+            raise HpcvodInputError("allreduce_: an in-place collective needs a writable array")
+        a, copy_back = _contiguous_work(a, in_place)
+        finish = _copy_into(copy_back) if copy_back is not None else None
     if in_place:
         output = a
     else:
@@ -161,9 +165,14 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
         h = Handle(name, K.ALLREDUCE, (K.ALLREDUCE, dtype, a.shape, op, pre, post), a, output)
     h.lane = lane
     h.mpi_type, h.mpi_op = plan
-    h.prescale = pre
-    h.postscale = post / lane.size if op == AVERAGE else post
-    h.finish = finish
+    if pre != 1.0:
+        h.prescale = pre
+    if op == AVERAGE:
+        h.postscale = post / lane.size
+    elif post != 1.0:
+        h.postscale = post
+    if finish is not None:
+        h.finish = finish
     return h
 
 
@@ -204,7 +213,7 @@ def _compressed_handle(tensor: Any, average: Optional[bool], name: Optional[str]
 def _make_allreduce(tensor: Any, average: Optional[bool], name: Optional[str], op: Optional[int],
                     prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
                     compression: type[Compressor], in_place: bool, out: Any) -> Handle:
-    if compression is Compression.none:
+    if compression is _NO_COMPRESSION:
         return _allreduce_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
                                  in_place, out)
     return _compressed_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
@@ -216,8 +225,11 @@ def allreduce_async(tensor: Any, average: Optional[bool] = None, name: Optional[
                     process_set: ProcessSet = global_process_set,
                     compression: type[Compressor] = Compression.none, *, out: Any = None) -> Handle:
     """Start reducing ``tensor`` over the process set (default op Average); returns a handle."""
-    h = _make_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                        compression, False, out)
+    if compression is _NO_COMPRESSION:
+        h = _allreduce_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, out)
+    else:
+        h = _compressed_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                               compression, False, out)
     h.lane.submit(h)
     return h
 
@@ -227,8 +239,11 @@ def allreduce_async_(tensor: Any, average: Optional[bool] = None, name: Optional
                      process_set: ProcessSet = global_process_set,
                      compression: type[Compressor] = Compression.none) -> Handle:
     """In-place ``allreduce_async``: ``tensor`` receives the result."""
-    h = _make_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                        compression, True, None)
+    if compression is _NO_COMPRESSION:
+        h = _allreduce_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, None)
+    else:
+        h = _compressed_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                               compression, True, None)
     h.lane.submit(h)
     return h
 
@@ -238,8 +253,11 @@ def allreduce(tensor: Any, average: Optional[bool] = None, name: Optional[str] =
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, *, out: Any = None) -> np.ndarray:
     """Reduce ``tensor`` over the process set and return the result as a new array (default op Average)."""
-    h = _make_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                        compression, False, out)
+    if compression is _NO_COMPRESSION:
+        h = _allreduce_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, out)
+    else:
+        h = _compressed_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                               compression, False, out)
     result = h.lane.run(h)
     return result if h.finish is None else synchronize(h)
 
@@ -249,8 +267,11 @@ def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] 
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place allreduce: ``tensor`` receives the result and is returned."""
-    h = _make_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                        compression, True, None)
+    if compression is _NO_COMPRESSION:
+        h = _allreduce_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, None)
+    else:
+        h = _compressed_handle(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                               compression, True, None)
     result = h.lane.run(h)
     return result if h.finish is None else synchronize(h)
 
@@ -552,45 +573,46 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank."""
     lane = _lane_of(process_set)
-    base = name if name is not None else lane.auto_name()
     is_root = lane.ranks[lane.rank] == root_rank
     data = dumps(obj) if is_root else None
     length = np.array([data.size if data is not None else 0], np.int64)
-    broadcast_(length, root_rank, name=f"{base}.size", process_set=process_set)
+    # unnamed without a name: then the response cache knows the length broadcast from one call to the next
+    broadcast_(length, root_rank, name=None if name is None else f"{name}.size", process_set=process_set)
     buf = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
-    broadcast_(buf, root_rank, name=f"{base}.data", process_set=process_set)
+    broadcast_(buf, root_rank, name=None if name is None else f"{name}.data", process_set=process_set)
     return obj if is_root else loads(buf)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order."""
-    lane = _lane_of(process_set)
-    base = name if name is not None else lane.auto_name()
+    _lane_of(process_set)
     data = dumps(obj)
-    sizes = allgather(np.array([data.size], np.int64), name=f"{base}.size", process_set=process_set)
-    gathered = allgather(data, name=f"{base}.data", process_set=process_set)
+    sizes = allgather(np.array([data.size], np.int64), name=None if name is None else f"{name}.size",
+                      process_set=process_set)
+    gathered = allgather(data, name=None if name is None else f"{name}.data", process_set=process_set)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     return [loads(gathered[bounds[i]:bounds[i + 1]]) for i in range(len(sizes))]
 
 
 def poll(handle: AnyHandle) -> bool:
     """True when the operation behind ``handle`` has finished (successfully or not)."""
-    if isinstance(handle, GroupHandle):
-        return handle.done
     return handle.done
 
 
 def synchronize(handle: AnyHandle) -> Any:
     """Wait for ``handle`` and return its result (raises the HpcvodError it failed with)."""
-    if isinstance(handle, GroupHandle):
-        return [synchronize(h) for h in handle.handles]
+    if handle.__class__ is not Handle:
+        if isinstance(handle, GroupHandle):
+            return [synchronize(h) for h in handle.handles]
+        raise HpcvodInputError(f"synchronize() expects a handle from an *_async call, got {handle!r}")
     if not handle.done:
         handle.lane.wait(handle)
     if handle.error is not None:
         raise handle.error
     finish = handle.finish
-    if finish is not None:
-        handle.finish = None
-        handle.result = finish(handle.result)
+    if finish is None:
+        return handle.result
+    handle.finish = None
+    handle.result = finish(handle.result)
     return handle.result

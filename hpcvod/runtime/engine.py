@@ -28,6 +28,7 @@ Lanes of different process sets have separate communicators and threads, so they
 
 from __future__ import annotations
 
+import operator
 import pickle
 import sys
 import threading
@@ -129,14 +130,69 @@ def describe_sig(sig: tuple) -> str:
     return f"{name}()"
 
 
+POOL_MIN_BYTES = 1 << 20
+
+
+class ResultPool:
+    """Reuses the memory of large out-of-place results once nothing references them any more.
+
+    A fresh multi-MiB array costs a page fault per 4 KiB on first touch (a 256 MiB result: ~65000 faults),
+    which alone makes an allocating allreduce slower than MPI on preallocated buffers. The pool keeps the last
+    few owner arrays it handed out; results are views of them, so every view (and every view of a view, or
+    a framework tensor made from one) holds a reference to the owner. An owner whose only reference is the
+    pool's is free and is handed out again.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._owners: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with self._lock:
+            owners = self._owners
+            for i in range(len(owners)):
+                # 2 references: the list's and getrefcount's argument; more means a live result uses it
+                if owners[i].nbytes == nbytes and sys.getrefcount(owners[i]) == 2:
+                    owner = owners.pop(i)
+                    owners.append(owner)
+                    break
+            else:
+                owner = np.empty(nbytes, np.uint8)
+                owners.append(owner)
+                if len(owners) > self.keep:
+                    del owners[0]          # still alive if a result uses it; just no longer recycled
+        return owner.view(dtype).reshape(shape)
+
+
+_results = ResultPool()
+
+
 class _Entry:
-    __slots__ = ("key", "sig", "bit", "last")
+    __slots__ = ("key", "sig", "bit", "mask", "last", "fuse")
 
     def __init__(self, key: Any, sig: tuple, bit: int, last: int) -> None:
         self.key = key
         self.sig = sig
         self.bit = bit
-        self.last = last          # LRU tick (advanced identically on every member)
+        self.mask = 1 << bit
+        self.last = last          # LRU tick: the negotiation count, identical on every member
+        self.fuse = fuse_key(sig)
+
+
+_fuse_keys: dict[tuple, tuple] = {}
+
+
+def fuse_key(sig: tuple) -> Any:
+    """Allreduces with the same key (dtype, op, scaling) can share one fusion buffer.
+
+    Keys are interned, so the engine compares them with ``is``.
+    """
+    if sig[0] != K.ALLREDUCE:
+        return None
+    key = (sig[1], sig[3], sig[4], sig[5])
+    return _fuse_keys.setdefault(key, key)
 
 
 # A request waiting longer than this forces a full round even when every rank's requests are cached, so
@@ -175,7 +231,6 @@ class Lane:
         self._next_bit = FIRST_BIT
         self._all_bits = 0                       # mask of the bits of live entries
         self._nbytes = 8
-        self._tick = 0
         self._fusion = np.empty(0, np.uint8)     # reusable fusion buffer (grows up to the threshold)
         self._join: Optional[Handle] = None
         self._join_new = False
@@ -195,14 +250,16 @@ class Lane:
 
     def submit(self, h: Handle) -> Handle:
         """Queue ``h`` for the background thread (asynchronous forms)."""
-        h.lane = self
         h.t_submit = _perf()
-        with self._lock:
-            if self._abort is not None:
-                raise self._abort
-            self._queue.append(h)
-            if not self._driving:
-                self._wake_bg_locked()
+        lock = self._lock
+        lock.acquire()
+        if self._abort is not None:
+            lock.release()
+            raise self._abort
+        self._queue.append(h)
+        if not self._driving and (self._bg_sleeping or self._bg is None):
+            self._wake_bg_locked()
+        lock.release()
         return h
 
     def submit_many(self, hs: list[Handle]) -> None:
@@ -245,7 +302,11 @@ class Lane:
         return h.result
 
     def _solo(self, h: Handle) -> None:
-        """The idle-lane fast path: one cached request, one tiny negotiation, one MPI call, this thread."""
+        """The idle-lane fast path: one cached request, one tiny negotiation, one MPI call, this thread.
+
+        This is every blocking call of a training loop, so it avoids everything the general cycle needs
+        for many requests (kept in step with _cycle and _process).
+        """
         try:
             if h.kind == K.JOIN:
                 self._join = h
@@ -253,31 +314,37 @@ class Lane:
             else:
                 if h.unnamed:
                     h.key = ("#", h.sig, 0)
-                self._waiting[h.name] = h
                 e = self._cache.get(h.key)
                 if e is not None and e.sig == h.sig:
-                    bit = h.bit = e.bit
+                    h.entry = e
+                    mask = e.mask
                     self.cycles += 1
-                    g = self._exchange(NOT_JOINED | (self._all_bits & ~(1 << bit)))
-                    if g & (NEED_FULL | SOME_JOINED) or (g >> bit) & 1:
-                        self._process(g, False, False)       # the others want more than this request
+                    buf = bytearray((NOT_JOINED | (self._all_bits & ~mask)).to_bytes(self._nbytes, "little"))
+                    req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+                    if not req.Test():
+                        self._wait_request(req)
+                    g = int.from_bytes(buf, "little")
+                    if g & (NEED_FULL | SOME_JOINED) or g & mask:
+                        self._waiting[h.name] = h
+                        self._process(g, False, False, mask)      # the others want more than this request
                     else:
-                        del self._waiting[h.name]
-                        self._tick += 1
-                        e.last = self._tick
-                        h.t_ready = _perf()
+                        e.last = self.cycles
                         tl = self.timeline
                         if tl is not None:
+                            h.t_ready = _perf()
                             tl.span(h.name, NEGOTIATE, h.t_submit, h.t_ready)
-                        self._inflight = [h]
                         if h.kind == K.ALLREDUCE:
                             self._allreduce_one(h, tl)
                         else:
                             self._run_other([h], tl)
-                        self._inflight = []
+                        return
+                else:
+                    self._waiting[h.name] = h
             while not h.done:
                 self._cycle()
         except BaseException as exc:
+            if not h.done and h.name not in self._waiting:
+                self._inflight.append(h)
             self._fail_everything(exc)
             if not isinstance(exc, Exception):
                 raise
@@ -431,7 +498,6 @@ class Lane:
                     f"outstanding collectives must be unique"))
             else:
                 waiting[h.name] = h
-        self.cycles += 1
         tl = self.timeline
         if tl is not None:
             tl.cycle_mark(_perf())
@@ -440,7 +506,7 @@ class Lane:
         cache = self._cache
         joined = self._join is not None
         need_full = False
-        word = SOME_JOINED if joined else NOT_JOINED | self._all_bits
+        mine = 0                                 # bits of my cached requests
         counts: Optional[dict] = None
         old = _perf() - FULL_ROUND_AFTER_SECONDS
         for h in waiting.values():
@@ -453,19 +519,20 @@ class Lane:
                 h.key = ("#", h.sig, j)
             e = cache.get(h.key)
             if e is not None and e.sig == h.sig:
-                h.bit = e.bit
-                if not joined:
-                    word &= ~(1 << e.bit)
+                h.entry = e
+                mine |= e.mask
             else:
-                h.bit = -1
+                h.entry = None
                 need_full = True
             if h.t_submit < old:
                 need_full = True
+        word = SOME_JOINED if joined else NOT_JOINED | (self._all_bits & ~mine)
         if need_full:
             word |= NEED_FULL
         fresh_join = self._join_new
         self._join_new = False
-        self._process(self._exchange(word), joined, fresh_join)
+        self.cycles += 1
+        self._process(self._exchange(word), joined, fresh_join, mine)
 
     def _exchange(self, word: int) -> int:
         """The negotiation collective: OR of every member's word."""
@@ -475,43 +542,58 @@ class Lane:
             self._wait_request(req)
         return int.from_bytes(buf, "little")
 
-    def _process(self, g: int, joined: bool, fresh_join: bool) -> None:
-        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it."""
+    def _process(self, g: int, joined: bool, fresh_join: bool, mine: int) -> None:
+        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it.
+
+        ``mine``: the bits of this rank's cached requests in this negotiation.
+        """
         t_agreed = _perf()
         waiting = self._waiting
+        everything = False                       # every waiting request of mine is ready
         if g & SOME_JOINED or joined:
             if not g & NOT_JOINED:
                 self._complete_join(fresh_join)
                 return
             ready = []
-            by_key = {h.key: h for h in waiting.values()}
+            by_key = {h.key: h for h in waiting.values() if h.entry is not None}
             free = ~g & self._all_bits
             while free:
                 low = free & -free
                 entry = self._by_bit[low.bit_length() - 1]
                 h = by_key.get(entry.key)
-                if h is None or h.bit != entry.bit:
+                if h is None or h.entry is not entry:
                     h = self._dummy(entry.key, entry.sig)
+                    h.entry = entry
                 ready.append(h)
                 free ^= low
         else:
-            ready = [h for h in waiting.values() if h.bit >= 0 and not (g >> h.bit) & 1]
+            ready_bits = mine & ~g
+            if not ready_bits:
+                ready = []
+            elif ready_bits == mine:             # the steady state: everything I have is ready everywhere
+                ready = [h for h in waiting.values() if h.entry is not None]
+                everything = len(ready) == len(waiting)
+            else:
+                ready = [h for h in waiting.values() if h.entry is not None and h.entry.mask & ready_bits]
             if len(ready) > 1:
-                ready.sort(key=_bit_of)
-        for h in ready:
-            if not h.dummy:
-                del waiting[h.name]
+                ready.sort(key=_bit_of)          # the same order on every member (cheap: usually sorted)
+        if ready:
+            tick = self.cycles
+            if everything:
+                waiting.clear()
+                for h in ready:
+                    h.entry.last = tick
+            else:
+                for h in ready:
+                    h.entry.last = tick
+                    if not h.dummy:
+                        del waiting[h.name]
         if g & NEED_FULL:
             ready.extend(self._full_round(joined))
         if not ready:
             return
-        by_bit_entries = self._cache
         for h in ready:
             h.t_ready = t_agreed
-            self._tick += 1
-            e = by_bit_entries.get(h.key)
-            if e is not None:
-                e.last = self._tick
         tl = self.timeline
         if tl is not None:
             tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready), t_agreed)
@@ -535,7 +617,7 @@ class Lane:
     def _full_round(self, joined: bool) -> list[Handle]:
         """Exchange every rank's pending list and derive the same responses on every member."""
         waiting = self._waiting
-        items = [(h.name, h.key if h.unnamed else None, h.bit if h.bit >= 0 else h.sig)
+        items = [(h.name, h.key if h.unnamed else None, h.entry.bit if h.entry is not None else h.sig)
                  for h in waiting.values()]
         everyone = self.comm.allgather((joined, items))
         by_bit = self._by_bit
@@ -562,10 +644,11 @@ class Lane:
             key = keys[name]
             if len(sigs) == 1:
                 sig = next(iter(sigs))
-                self._cache_put(key, sig)
+                entry = self._cache_put(key, sig)
                 if mine is None:
                     mine = self._dummy(key, sig)
                     mine.name = name
+                mine.entry = entry
                 out.append(mine)
             else:
                 self._cache_drop(key)
@@ -588,16 +671,16 @@ class Lane:
             self._notify()
 
     # ------------------------------------------------------------------------------ response cache
-    def _cache_put(self, key: Any, sig: tuple) -> None:
+    def _cache_put(self, key: Any, sig: tuple) -> Optional[_Entry]:
         if not self.cache_capacity:
-            return
+            return None
         cache = self._cache
-        self._tick += 1
         e = cache.get(key)
         if e is not None:
             e.sig = sig
-            e.last = self._tick
-            return
+            e.fuse = fuse_key(sig)
+            e.last = self.cycles
+            return e
         if self._free_bits:
             bit = self._free_bits.pop()
         elif len(cache) < self.cache_capacity:
@@ -609,10 +692,11 @@ class Lane:
             del cache[oldest.key]
             del self._by_bit[oldest.bit]
             bit = oldest.bit
-        e = _Entry(key, sig, bit, self._tick)
+        e = _Entry(key, sig, bit, self.cycles)
         cache[key] = e
         self._by_bit[bit] = e
-        self._all_bits |= 1 << bit
+        self._all_bits |= e.mask
+        return e
 
     def _cache_drop(self, key: Any) -> None:
         e = self._cache.pop(key, None)
@@ -673,13 +757,22 @@ class Lane:
         else:
             groups: dict[Any, list[Handle]] = {}
             others: list[Handle] = []
-            for h in ready:
+            first = ready[0].entry
+            key = first.fuse if first is not None else None
+            if key is not None:                  # the usual burst: one dtype/op/scaling for everything
+                for h in ready:
+                    e = h.entry
+                    if e is None or e.fuse is not key:
+                        break
+                else:
+                    groups[key] = ready
+            for h in (ready if not groups else ()):
                 if h.kind == K.ALLREDUCE:
-                    sig = h.sig          # fusable: same dtype, op and scaling
-                    fuse_key = (sig[1], sig[3], sig[4], sig[5])
-                    g = groups.get(fuse_key)
+                    e = h.entry
+                    key = e.fuse if e is not None else fuse_key(h.sig)
+                    g = groups.get(key)
                     if g is None:
-                        groups[fuse_key] = [h]
+                        groups[key] = [h]
                     else:
                         g.append(h)
                 else:
@@ -711,18 +804,17 @@ class Lane:
     def _allreduce_one(self, h: Handle, tl: Optional[Timeline]) -> None:
         a = h.tensor
         t0 = _perf() if tl is not None else 0.0
-        if h.output is a:
-            out = a
+        out = h.output
+        if out is a:
             if h.prescale != 1.0:
                 np.multiply(out, h.prescale, out=out, casting="unsafe")
-        elif h.prescale != 1.0:
-            out = np.multiply(a, h.prescale).astype(a.dtype, copy=False) if h.output is None \
-                else np.multiply(a, h.prescale, out=h.output, casting="unsafe")
-        elif h.output is None:
-            out = a.copy()
         else:
-            out = h.output
-            np.copyto(out, a)
+            if out is None:
+                out = np.empty_like(a) if a.nbytes < POOL_MIN_BYTES else _results.empty(a.shape, a.dtype)
+            if h.prescale != 1.0:
+                np.multiply(a, h.prescale, out=out, casting="unsafe")
+            else:
+                np.copyto(out, a)
         # In place is faster than separate send/receive buffers with every MPI here (FACTS.md), even
         # counting the copy above.
         t1 = _perf() if tl is not None else 0.0
@@ -749,7 +841,8 @@ class Lane:
         if all_in_place:
             flat = self._fusion_buffer(nbytes)[:nbytes].view(dtype)
         else:
-            flat = np.empty(nbytes // dtype.itemsize, dtype)
+            flat = _results.empty((nbytes // dtype.itemsize,), dtype) if nbytes >= POOL_MIN_BYTES \
+                else np.empty(nbytes // dtype.itemsize, dtype)
         np.concatenate([h.tensor for h in group], axis=None, out=flat)
         if first.prescale != 1.0:
             np.multiply(flat, first.prescale, out=flat, casting="unsafe")
@@ -759,17 +852,29 @@ class Lane:
             np.multiply(flat, first.postscale, out=flat, casting="unsafe")
         t2 = _perf()
         offset = 0
-        for h in group:
-            n = h.tensor.size
-            piece = flat[offset:offset + n]
-            offset += n
-            out = h.output
-            if out is None:
-                h.result = piece.reshape(h.tensor.shape)      # a view into the fresh block: no copy-out
-            else:
-                out.reshape(-1)[...] = piece
+        if all_in_place:
+            for h in group:
+                out = h.output
+                end = offset + out.size
+                out.reshape(-1)[...] = flat[offset:end]
+                offset = end
                 h.result = out
-            h.done = True
+                h.done = True
+        else:
+            for h in group:
+                a = h.tensor
+                end = offset + a.size
+                piece = flat[offset:end]
+                offset = end
+                out = h.output
+                if out is None:
+                    if a.ndim != 1:
+                        piece = piece.reshape(a.shape)
+                    h.result = piece                          # a view into the fresh block: no copy-out
+                else:
+                    out.reshape(-1)[...] = piece
+                    h.result = out
+                h.done = True
         if tl is not None:
             t3 = _perf()
             names = [h.name for h in group if not h.dummy]
@@ -877,8 +982,7 @@ class Lane:
         h.result = out
 
 
-def _bit_of(h: Handle) -> int:
-    return h.bit
+_bit_of = operator.attrgetter("entry.bit")
 
 
 def _last_of(e: _Entry) -> int:

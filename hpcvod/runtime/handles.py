@@ -29,34 +29,35 @@ class Handle:
     for an alltoall with splits) or raises the :class:`~hpcvod.runtime.errors.HpcvodError` it failed with.
     """
 
-    __slots__ = ("name", "key", "unnamed", "kind", "sig", "lane", "tensor", "output", "mpi_type", "mpi_op",
-                 "prescale", "postscale", "root", "splits", "t_submit", "t_ready", "bit", "done", "error",
-                 "result", "finish", "dummy")
+    # Defaults live on the class and only what differs is set per instance: a handle is created for every
+    # collective call, and this halves its cost compared with assigning every field (or __slots__).
+    lane: Any = None
+    mpi_type: Any = None
+    mpi_op: Any = None
+    prescale = 1.0
+    postscale = 1.0            # effective factor, Average's 1/size included
+    root = -1                  # root's rank inside the process set (broadcast)
+    splits: Optional[np.ndarray] = None
+    t_submit = 0.0
+    t_ready = 0.0
+    entry: Any = None          # the response-cache entry it matched in the last negotiation
+    done = False
+    error: Optional[BaseException] = None
+    result: Any = None
+    finish: Optional[Callable[[Any], Any]] = None   # post-processing run by synchronize()
+    dummy = False              # a joined rank's stand-in contribution
+    unnamed = False            # named by the engine: cached by signature and position, not by name
 
     def __init__(self, name: str, kind: int, sig: tuple, tensor: Optional[np.ndarray],
                  output: Optional[np.ndarray] = None, unnamed: bool = False) -> None:
         self.name = name
-        self.key: Any = name           # response-cache key; unnamed collectives get theirs per cycle
-        self.unnamed = unnamed
+        self.key: Any = name     # response-cache key; unnamed collectives get theirs per cycle
         self.kind = kind
         self.sig = sig
         self.tensor = tensor
-        self.output = output           # where the result goes; ``is tensor`` for in-place forms
-        self.lane: Any = None
-        self.mpi_type: Any = None
-        self.mpi_op: Any = None
-        self.prescale = 1.0
-        self.postscale = 1.0           # effective factor, Average's 1/size included
-        self.root = -1                 # root's rank inside the process set (broadcast)
-        self.splits: Optional[np.ndarray] = None
-        self.t_submit = 0.0
-        self.t_ready = 0.0
-        self.bit = -1
-        self.done = False
-        self.error: Optional[BaseException] = None
-        self.result: Any = None
-        self.finish: Optional[Callable[[Any], Any]] = None   # post-processing run by synchronize()
-        self.dummy = False             # a joined rank's stand-in contribution
+        self.output = output     # where the result goes; ``is tensor`` for in-place forms
+        if unnamed:
+            self.unnamed = True
 
     def __repr__(self) -> str:
         state = "done" if self.done else "pending"
