@@ -28,6 +28,7 @@ Lanes of different process sets have separate communicators and threads, so they
 
 from __future__ import annotations
 
+import itertools
 import operator
 import pickle
 import sys
@@ -235,7 +236,7 @@ class Lane:
         self._join: Optional[Handle] = None
         self._join_new = False
         self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
-        self._names = 0                          # counter for unnamed collectives
+        self._names = itertools.count(1)         # unnamed collectives (next() is atomic under the GIL)
         self.cycles = 0
 
     # ----------------------------------------------------------------------------------- submission
@@ -245,8 +246,7 @@ class Lane:
         One counter for every kind of collective: ranks that call different collectives in the same position
         get the same name and hence a mismatch error instead of a hang.
         """
-        self._names += 1
-        return f"noname.{self._names}"
+        return f"noname.{next(self._names)}"
 
     def submit(self, h: Handle) -> Handle:
         """Queue ``h`` for the background thread (asynchronous forms)."""
