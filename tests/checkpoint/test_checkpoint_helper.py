@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,7 +158,8 @@ def test_two_ranks_agree_on_stop_and_share_rank0s_checkpoint(tmp_path: Path) -> 
     proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(Path(__file__).parent / "workers" /
                            "two_ranks.py"), str(tmp_path)], capture_output=True, text=True, timeout=100, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    by_rank = {r["rank"]: r for r in map(json.loads, proc.stdout.split("\n")[:-1])}
+    records = [json.loads(m) for m in re.findall(r"RESULT (\{[^\n]*?\})(?=RESULT |\n|$)", proc.stdout)]
+    by_rank = {r["rank"]: r for r in records}
     assert set(by_rank) == {0, 1}
     for r in by_rank.values():
         assert r["before"] is False and r["after"] is True          # one rank's signal stops everyone

@@ -34,9 +34,10 @@ files = sorted(os.listdir(base / f"rank{hvd.rank()}")) if (base / f"rank{hvd.ran
 
 again = Checkpoint(base / f"rank{hvd.rank()}", signals=())
 restored = again.restore(initial)
-print(json.dumps({
+sys.stdout.write("RESULT " + json.dumps({
     "rank": hvd.rank(), "before": before, "after": after, "signalled": ckpt.signalled, "files": files,
     "resumed_from": again.resumed_from, "w": restored["w"].tolist(), "step": restored["step"],
     "data": restored["data"],
-}), flush=True)
+}) + "\n")  # one write: mpiexec may interleave the ranks' output between writes
+sys.stdout.flush()
 hvd.shutdown()
