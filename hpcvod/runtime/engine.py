@@ -28,6 +28,7 @@ Lanes of different process sets have separate communicators and threads, so they
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 import pickle
@@ -49,6 +50,7 @@ NEED_FULL = 1      # some rank holds a request the cache does not know: exchange
 NOT_JOINED = 2     # some rank has not joined yet
 SOME_JOINED = 4    # some rank has joined (it contributes dummies to what the others run)
 FIRST_BIT = 3
+_JOIN = K.JOIN
 
 _perf = time.perf_counter
 
@@ -217,7 +219,8 @@ class Lane:
         self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._queue: list[Handle] = []
+        # Submitted, not yet taken by the driver. A deque: append/popleft are atomic, so submitters need no lock.
+        self._queue: collections.deque[Handle] = collections.deque()
         self._waiting: dict[str, Handle] = {}    # negotiated, not yet ready everywhere (driver-owned)
         self._driving = False
         self._nwaiters = 0
@@ -249,30 +252,31 @@ class Lane:
         return f"noname.{next(self._names)}"
 
     def submit(self, h: Handle) -> Handle:
-        """Queue ``h`` for the background thread (asynchronous forms)."""
-        h.t_submit = _perf()
-        lock = self._lock
-        lock.acquire()
+        """Queue ``h`` for the background thread (asynchronous forms). Lock-free in the common case."""
         if self._abort is not None:
-            lock.release()
             raise self._abort
+        if self.timeline is not None:
+            h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
-        if not self._driving and (self._bg_sleeping or self._bg is None):
-            self._wake_bg_locked()
-        lock.release()
+        # Read without the lock: _bg_main publishes "sleeping" *before* it last looks at the queue, so
+        # either it sees this request or we see it sleeping.
+        if self._bg_sleeping or self._bg is None:
+            self._wake_bg()
         return h
 
     def submit_many(self, hs: list[Handle]) -> None:
-        """Queue several handles atomically, so that they are negotiated (and fused) together."""
-        now = _perf()
+        """Queue several handles atomically (one deque.extend), so that they are negotiated together."""
+        if self._abort is not None:
+            raise self._abort
         for h in hs:
             h.lane = self
-            h.t_submit = now
+        self._queue.extend(hs)
+        if self._bg_sleeping or self._bg is None:
+            self._wake_bg()
+
+    def _wake_bg(self) -> None:
         with self._lock:
-            if self._abort is not None:
-                raise self._abort
-            self._queue.extend(hs)
-            if not self._driving:
+            if not self._driving:              # a driver hands leftover work to the thread when it stops
                 self._wake_bg_locked()
 
     def run(self, h: Handle) -> Any:
@@ -285,7 +289,7 @@ class Lane:
             if self._abort is not None:
                 lock.release()
                 raise self._abort
-            self._queue.append(h)
+            self._queue.append(h)              # under the lock: a driver stopping now sees it
             if self._driving:
                 lock.release()
                 self.wait(h)
@@ -404,14 +408,19 @@ class Lane:
         finally:
             self._release_driver()
 
+    def _has_work(self) -> bool:
+        return not self._driving and self._abort is None and bool(
+            self._queue or self._waiting or self._join is not None)
+
     def _bg_main(self) -> None:
         while True:
             with self._lock:
-                while self._driving or not (self._queue or self._waiting or self._join is not None) \
-                        or self._abort is not None:
+                while not self._has_work():
                     if self._stopping:
                         return
                     self._bg_sleeping = True
+                    if self._has_work():       # submit() appends without the lock, then reads "sleeping"
+                        break
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -430,9 +439,9 @@ class Lane:
         with self._lock:
             if self._abort is None:
                 self._abort = err
-            pending = self._queue + list(self._waiting.values()) + self._inflight
+            pending = list(self._queue) + list(self._waiting.values()) + self._inflight
             self._inflight = []
-            self._queue = []
+            self._queue.clear()
             self._waiting.clear()
             if self._join is not None:
                 pending.append(self._join)
@@ -474,42 +483,44 @@ class Lane:
         items = list(self._waiting.values()) + list(self._queue)
         if self._join is not None:
             items.append(self._join)
-        return [(h.name, h.kind, now - h.t_submit) for h in items if not h.done]
+        # a request still in the queue may not be stamped yet (t_submit 0): it has just arrived
+        return [(h.name, h.kind, now - h.t_submit if h.t_submit else 0.0) for h in items if not h.done]
 
     # ---------------------------------------------------------------------------------- one cycle
     def _cycle(self) -> None:
-        lock = self._lock
-        lock.acquire()
-        new = self._queue
-        if new:
-            self._queue = []
-        lock.release()
+        queue = self._queue
         waiting = self._waiting
-        for h in new:
-            if h.kind == K.JOIN:
+        cache = self._cache
+        now = _perf()
+        old = now - FULL_ROUND_AFTER_SECONDS
+        need_full = False
+        mine = 0                                 # bits of my cached requests
+        counts: Optional[dict] = None
+        # Requests carried over from earlier cycles are classified again: the cache may have changed.
+        carried = list(waiting.values()) if waiting else ()
+        # Take the new requests and classify them in the same pass (the usual case: nothing carried over).
+        # Classification: a request the response cache knows, with the same signature, sets its bit in
+        # ``mine``; anything else asks every rank for a full round. Kept in step with the loop below.
+        for _ in range(len(queue)):            # a snapshot: later submissions wait for the next cycle
+            h = queue.popleft()
+            if not h.t_submit:
+                h.t_submit = now
+            if h.kind == _JOIN:
                 if self._join is not None:
                     self._finish(h, HpcvodInputError("join() called while this rank's join is pending"))
                 else:
                     self._join = h
                     self._join_new = True
-            elif h.name in waiting:
+                continue
+            name = h.name
+            if name in waiting:
                 self._finish(h, HpcvodInputError(
-                    f"a collective named {h.name!r} is already pending on this rank; names of "
+                    f"a collective named {name!r} is already pending on this rank; names of "
                     f"outstanding collectives must be unique"))
-            else:
-                waiting[h.name] = h
-        tl = self.timeline
-        if tl is not None:
-            tl.cycle_mark(_perf())
-
-        # The bit-vector: every cached request of mine clears its bit; anything else asks for a full round.
-        cache = self._cache
-        joined = self._join is not None
-        need_full = False
-        mine = 0                                 # bits of my cached requests
-        counts: Optional[dict] = None
-        old = _perf() - FULL_ROUND_AFTER_SECONDS
-        for h in waiting.values():
+                continue
+            waiting[name] = h
+            if carried:
+                continue                           # classified below, after the carried ones
             if h.unnamed:
                 # unnamed requests are cached by (signature, position among my waiting ones of that signature)
                 if counts is None:
@@ -524,8 +535,27 @@ class Lane:
             else:
                 h.entry = None
                 need_full = True
-            if h.t_submit < old:
-                need_full = True
+        if carried:
+            for h in waiting.values():
+                if h.unnamed:
+                    if counts is None:
+                        counts = {}
+                    j = counts.get(h.sig, 0)
+                    counts[h.sig] = j + 1
+                    h.key = ("#", h.sig, j)
+                e = cache.get(h.key)
+                if e is not None and e.sig == h.sig:
+                    h.entry = e
+                    mine |= e.mask
+                else:
+                    h.entry = None
+                    need_full = True
+                if h.t_submit < old:
+                    need_full = True
+        tl = self.timeline
+        if tl is not None:
+            tl.cycle_mark(now)
+        joined = self._join is not None
         word = SOME_JOINED if joined else NOT_JOINED | (self._all_bits & ~mine)
         if need_full:
             word |= NEED_FULL
@@ -578,14 +608,15 @@ class Lane:
             if len(ready) > 1:
                 ready.sort(key=_bit_of)          # the same order on every member (cheap: usually sorted)
         if ready:
-            tick = self.cycles
+            if len(self._cache) * 2 >= self.cache_capacity:
+                # LRU recency matters only once eviction can come near (same cache size on every member)
+                tick = self.cycles
+                for h in ready:
+                    h.entry.last = tick
             if everything:
                 waiting.clear()
-                for h in ready:
-                    h.entry.last = tick
             else:
                 for h in ready:
-                    h.entry.last = tick
                     if not h.dummy:
                         del waiting[h.name]
         if g & NEED_FULL:
