@@ -1,0 +1,185 @@
+"""Synthetic PyTorch training throughput: hpcvod's DistributedOptimizer against DistributedDataParallel (gloo).
+
+    .venv/bin/python benchmarks/bench_torch_synthetic.py [--model mlp|cnn] [--batch-size 32] [--rounds 3]
+
+One invocation launches, in interleaved rounds (medians reported), with the MPICH wheel's ``mpiexec``:
+  * hpcvod, 1 rank   (the scaling reference: a DistributedOptimizer on one rank is the plain optimizer)
+  * hpcvod, 2 ranks  (``hvd.DistributedOptimizer``: gradient allreduces start from backward hooks)
+  * DDP,    2 ranks  (``torch.nn.parallel.DistributedDataParallel`` over gloo, default buckets)
+with the same model, the same per-rank batch of synthetic images and one compute thread per rank, in the
+spirit of Horovod's ``pytorch_synthetic_benchmark.py``: warm-up batches, then timed iterations of several
+batches; img/sec per rank and in total. Scaling efficiency = 2-rank total / (2 x 1-rank). The ranks are
+started by ``mpiexec`` for both systems; DDP's workers read their rank from the launcher's PMI variables and
+meet over TCP on localhost (``--worker`` runs one rank; the driver starts them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT_TAG = "RESULT "
+
+
+# ---------------------------------------------------------------------------------------------- models
+def build_model(name: str):
+    import torch
+    from torch import nn
+
+    if name == "mlp":  # 12.6 M parameters (50 MB of gradients per step): communication matters
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                             nn.ReLU(), nn.Linear(2048, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+    class Block(nn.Module):
+        """A ResNet basic block."""
+
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
+                                      nn.ReLU(), nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+            self.skip = (nn.Identity() if stride == 1 and cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    # a narrow CIFAR-sized ResNet-10 (0.6 M parameters): compute-bound, communication is a small share
+    return nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         Block(16, 32, 1), Block(32, 64, 2), Block(64, 128, 2), Block(128, 128, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+
+# ---------------------------------------------------------------------------------------------- one rank
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if args.worker == "hpcvod":
+        import hpcvod.torch as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    else:
+        import torch.distributed as dist
+        rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
+
+    model = build_model(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if args.worker == "hpcvod":
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    data = torch.randn(args.batch_size, 3, 32, 32)
+    target = torch.randint(0, 10, (args.batch_size,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss_fn(model(data), target).backward()
+        optimizer.step()
+
+    def barrier() -> None:
+        if args.worker == "hpcvod":
+            hvd.barrier()
+        else:
+            dist.barrier()
+
+    for _ in range(args.warmup):
+        step()
+    rates = []
+    for _ in range(args.iters):
+        barrier()
+        start = time.perf_counter()
+        for _ in range(args.batches_per_iter):
+            step()
+        barrier()  # an iteration ends when the slowest rank is done
+        rates.append(args.batch_size * args.batches_per_iter / (time.perf_counter() - start))
+    if rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        print(RESULT_TAG + json.dumps({"system": args.worker, "size": size, "per_rank": statistics.mean(rates),
+                                       "per_rank_spread": statistics.pstdev(rates), "params": params}),
+              flush=True)
+    if args.worker == "hpcvod":
+        hvd.shutdown()
+    else:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(system: str, n: int, args: argparse.Namespace) -> dict:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    argv = [str(mpiexec), "-n", str(n), sys.executable, __file__, "--worker", system, "--port", str(free_port()),
+            "--model", args.model, "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+            "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "HOROVOD_", "PMI_", "OMPI_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{system} on {n} ranks failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-4000:]}")
+    return json.loads(lines[0][len(RESULT_TAG):])
+
+
+def driver(args: argparse.Namespace) -> None:
+    import torch
+
+    configs = [("hpcvod", 1), ("hpcvod", 2), ("ddp", 2)]
+    per_rank: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    params = 0
+    for round_ in range(args.rounds):
+        for system, n in configs:  # interleaved: a noisy neighbour slows every system alike
+            result = launch(system, n, args)
+            per_rank[(system, n)].append(result["per_rank"])
+            params = result["params"]
+            print(f"round {round_ + 1}: {system:6s} {n} rank(s): {result['per_rank']:8.1f} img/sec per rank",
+                  flush=True)
+    med = {c: statistics.median(v) for c, v in per_rank.items()}
+    single = med[("hpcvod", 1)]
+    ours, ddp = med[("hpcvod", 2)] * 2, med[("ddp", 2)] * 2
+    print()
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"model {args.model} ({params / 1e6:.1f} M parameters), batch {args.batch_size} per rank, "
+          f"1 compute thread per rank, medians of {args.rounds} interleaved rounds")
+    print(f"{'system':28s} {'img/sec per rank':>17s} {'total img/sec':>14s} {'scaling eff.':>13s}")
+    print(f"{'hpcvod, 1 rank':28s} {single:17.1f} {single:14.1f} {'(reference)':>13s}")
+    print(f"{'hpcvod DistributedOptimizer':28s} {ours / 2:17.1f} {ours:14.1f} {ours / (2 * single):13.1%}")
+    print(f"{'torch DDP over gloo':28s} {ddp / 2:17.1f} {ddp:14.1f} {ddp / (2 * single):13.1%}")
+    print(f"hpcvod / DDP total throughput: {ours / ddp:.3f}x (target >= 1.0)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed batches first")
+    parser.add_argument("--iters", type=int, default=4, help="timed iterations")
+    parser.add_argument("--batches-per-iter", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of all three runs")
+    parser.add_argument("--worker", choices=["hpcvod", "ddp"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
