@@ -27,7 +27,7 @@ from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seco
 CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME")
 
 # Where each scheduler's rendered script finds its job folder when it runs (the script is submitted from it).
-HOSTFILES = {"pbs": Verbatim('"$PBS_NODEFILE"')}
+HOSTFILES = {"pbs": Verbatim('"$PBS_NODEFILE"'), "sge": Verbatim('"$HPCVOD_JOB_DIR/hostfile"')}  # sge.j2 writes it
 
 
 @dataclass(frozen=True)

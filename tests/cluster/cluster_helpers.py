@@ -96,17 +96,19 @@ def run(argv: Sequence[str], *, timeout: float = 120, env: Optional[Mapping[str,
     return proc
 
 
-def unavailable_reason() -> Optional[str]:
-    """Why this machine cannot run the sandbox cluster, or None when it can (or at least may)."""
+def unavailable_reason(need: str = "slurmctld") -> Optional[str]:
+    """Why this machine cannot run a sandbox cluster, or None when it can (or at least may).
+
+    `need`: the program that tells the scheduler is installed (else apt-get must be there to install it)."""
     if not sys.platform.startswith("linux"):
-        return "the Slurm sandbox needs Linux"
+        return "the sandbox clusters need Linux"
     if os.geteuid() != 0:
-        return "the Slurm sandbox needs root (network namespaces, daemons, apt)"
+        return "the sandbox clusters need root (network namespaces, daemons, apt)"
     for tool in ("ip", "nsenter", "unshare", "flock"):
         if shutil.which(tool) is None:
-            return f"the Slurm sandbox needs `{tool}` on PATH"
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        return "Slurm is not installed and there is no apt-get to install it"
+            return f"the sandbox clusters need `{tool}` on PATH"
+    if shutil.which(need) is None and shutil.which("apt-get") is None:
+        return f"`{need}` is not installed and there is no apt-get to install it"
     probe = subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"

@@ -68,12 +68,42 @@ def slurm_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(autouse=True)
-def cancel_leftover_jobs(slurm_cluster: Cluster, tmp_path: Path) -> Iterator[None]:
-    """A failing test must not leave jobs that hold the nodes for the next ones: after each test, cancel
+def cancel_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failing test must not leave jobs that hold the nodes for the next ones: after each Slurm test, cancel
     the jobs still queued or running whose working directory is inside that test's tmp_path."""
     yield
+    if "slurm_cluster" not in request.fixturenames or "tmp_path" not in request.fixturenames:
+        return
+    tmp_path = request.getfixturevalue("tmp_path")
     queued = run(["squeue", "-h", "-o", "%i %Z"], timeout=30).stdout.split("\n")
     mine = [line.split(" ", 1)[0] for line in queued
             if " " in line and Path(line.split(" ", 1)[1]).is_relative_to(tmp_path)]
     if mine:
         run(["scancel", *mine], timeout=30)
+
+
+SGE_SCRIPT = SANDBOX_SCRIPT.parent / "sge-sandbox.sh"
+
+
+@pytest.fixture(scope="session")
+def sge_cluster() -> Iterator[None]:
+    """Grid Engine on this machine (scripts/sge-sandbox.sh): reused when up, else started and stopped at the end."""
+    reason = unavailable_reason(need="qsub")
+    if reason is not None:
+        if os.environ.get("HPCVOD_REQUIRE_CLUSTER") == "1":
+            pytest.fail(f"HPCVOD_REQUIRE_CLUSTER=1 but Grid Engine cannot run here: {reason}", pytrace=False)
+        pytest.skip(f"Grid Engine sandbox unavailable: {reason}")
+    started_here = False
+    if run([SGE_SCRIPT, "status"], env=dict(os.environ), timeout=60).returncode != 0:
+        up = run([SGE_SCRIPT, "up"], env=dict(os.environ), timeout=900)
+        if up.returncode != 0:
+            pytest.fail(f"scripts/sge-sandbox.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}",
+                        pytrace=False)
+        started_here = True
+    try:
+        yield
+    finally:
+        if started_here and os.environ.get("HPCVOD_SANDBOX_KEEP") != "1":
+            down = run([SGE_SCRIPT, "down"], env=dict(os.environ), timeout=300)
+            if down.returncode != 0:
+                raise AssertionError(f"scripts/sge-sandbox.sh down failed:\n{down.stdout}\n{down.stderr}")

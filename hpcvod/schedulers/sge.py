@@ -1,0 +1,159 @@
+"""(Son of) Grid Engine / Univa / Altair GE: ``qsub -terse`` to submit, ``qstat`` (queued and running jobs) then
+``qacct -j`` (finished jobs, from the accounting file) to watch, ``qdel`` to cancel.
+
+The ranks live in a parallel environment (``-pe NAME SLOTS``); the rendered script turns ``$PE_HOSTFILE``
+("host slots queue processors" lines) into one line per slot, the host list mpirun/mpiexec read. How the slots
+spread over hosts is the parallel environment's ``allocation_rule`` (``$fill_up``, ``$round_robin``, or a fixed
+number per host: set it to the tasks per node for an exact layout).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+                                    JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
+                                    run_command, status_from_exit_file)
+from hpcvod.sites.spec import Pattern, doc
+
+if TYPE_CHECKING:
+    from hpcvod.jobs.plan import LaunchPlan
+
+_JOB_ID = re.compile(r"^(\d+)(?:\.\d+-\d+:\d+)?$")  # "123", or "123.1-10:1" for an array job
+_NAME = Pattern(r"[A-Za-z_][\w.-]*", "a Grid Engine object name")
+
+
+@dataclass(frozen=True)
+class SgeOptions:
+    """scheduler_options of a Grid Engine site."""
+
+    parallel_environment: Annotated[str, _NAME] = doc(
+        "the parallel environment whose slots hold the ranks (`qconf -spl`); its allocation_rule decides how "
+        "slots spread over hosts", "mpi")
+    gpu_resource: Annotated[str, _NAME] = doc(
+        "the consumable complex that counts GPUs (`qconf -sc`), requested per slot: -l NAME=<GPUs per rank>", "gpu")
+
+
+def sge_time(seconds: int) -> str:
+    """h_rt as HH:MM:SS with as many hours as needed."""
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def sge_state(letters: str) -> str:
+    """hpcvod's state for qstat's state letters (qw, hqw, r, t, Rr, s, dr, Eqw...)."""
+    if "E" in letters:
+        return FAILED  # error state: the job cannot start until an admin clears it
+    if "d" in letters:
+        return RUNNING  # being deleted: not over yet
+    if "q" in letters or "w" in letters or "h" in letters:
+        return PENDING
+    if letters and set(letters) <= set("rtRsSTz"):
+        return RUNNING
+    return UNKNOWN
+
+
+def parse_qstat_listing(text: str, job_id: str) -> Optional[str]:
+    """The state letters of job_id in plain ``qstat`` output (None when it is not listed)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0] == job_id:
+            return fields[4]
+    return None
+
+
+def parse_qacct(text: str) -> dict[str, str]:
+    """``qacct -j ID`` -> {field: value} of its last record (a requeued/rescheduled job has several)."""
+    record: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("=" * 10):
+            record = {}
+            continue
+        key, _, value = line.partition(" ")
+        if key:
+            record[key] = value.strip()
+    return record
+
+
+def qacct_state(record: dict[str, str], cancelled: bool) -> JobStatus:
+    """A finished job's state from its accounting record."""
+    try:
+        code = int(record.get("exit_status", ""))
+    except ValueError:
+        code = None
+    failed = record.get("failed", "0").split()[0] if record.get("failed") else "0"
+    limit = re.search(r"h_rt=(\d+)", record.get("category", ""))
+    wallclock = float(re.sub(r"[^\d.]", "", record.get("ru_wallclock", "") or "0") or 0)
+    if code == 0 and failed == "0":
+        state = COMPLETED
+    elif cancelled:
+        state = CANCELLED
+    elif limit and code in (137, 152) and wallclock >= int(limit.group(1)) - 1:
+        state = TIMEOUT  # h_rt reached: SIGKILL (137) or SIGXCPU (152)
+    else:
+        state = FAILED
+    return JobStatus(state, raw=f"failed={record.get('failed', '?')} exit_status={code}", exit_code=code,
+                     source="qacct -j")
+
+
+class SgeScheduler(Scheduler):
+    name = "sge"
+    script_name = "job.sge"
+    directive_prefix = "#$"
+    poll_seconds = 2.0
+    Options = SgeOptions
+
+    def directives(self, plan: "LaunchPlan") -> list[str]:
+        out = [
+            f"-N {plan.scheduler_job_name}",
+            f"-pe {self.options.parallel_environment} {plan.world_size}",
+            f"-l h_rt={sge_time(plan.time_seconds)}",
+            f"-q {plan.partition}",
+        ]
+        if plan.gpus_per_node:
+            # consumables are per slot: GPUs per rank
+            out.append(f"-l {self.options.gpu_resource}={max(1, plan.gpus_per_node // plan.tasks_per_node)}")
+        if plan.account:
+            out.append(f"-A {plan.account}")
+        # run in the submit directory (the job folder), one log, bash as the job shell
+        out += ["-cwd", "-j y", f"-o {OUTPUT_FILE}", "-S /bin/bash"]
+        return out
+
+    @staticmethod
+    def parse_job_id(text: str) -> str:
+        line = text.strip().splitlines()[-1].strip() if text.strip() else ""
+        match = _JOB_ID.match(line)
+        if not match:
+            raise SchedulerError(f"qsub -terse printed {text.strip()!r}, expected a job id")
+        return match.group(1)
+
+    def submit(self, job_dir: Path, script: Path) -> Submitted:
+        done = run_command(["qsub", "-terse", script.name], cwd=job_dir)
+        if done.returncode != 0:
+            raise SchedulerError(f"qsub refused the job: {' '.join((done.stderr or done.stdout).split())}")
+        return Submitted(self.parse_job_id(done.stdout))
+
+    def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
+        listing = run_command(["qstat", "-u", "*"])
+        letters = parse_qstat_listing(listing.stdout, job_id) if listing.returncode == 0 else None
+        if letters is not None:
+            return JobStatus(sge_state(letters), raw=letters, source="qstat")
+        # finished: the accounting file (written within the qmaster's accounting_flush_time), else the job folder
+        done = run_command(["qacct", "-j", job_id])
+        record = parse_qacct(done.stdout) if done.returncode == 0 else {}
+        if "exit_status" in record:
+            return qacct_state(record, read_cancel_marker(job_dir))
+        found = status_from_exit_file(job_dir)
+        if found is not None and found.state == FAILED and read_cancel_marker(job_dir):
+            return JobStatus(CANCELLED, raw=found.raw, exit_code=found.exit_code, source=found.source)
+        return found or JobStatus(UNKNOWN, reason="Grid Engine no longer knows this job", source="none")
+
+    def cancel(self, job_id: str, job_dir: Path | None) -> None:
+        done = run_command(["qdel", job_id])
+        if done.returncode != 0:
+            raise SchedulerError(f"qdel {job_id}: {' '.join((done.stderr or done.stdout).split())}")
+
+
+SCHEDULER = SgeScheduler
