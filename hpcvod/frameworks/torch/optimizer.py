@@ -1,8 +1,9 @@
 """``DistributedOptimizer``: averages gradients over all ranks while ``loss.backward()`` is still running.
 
-A post-accumulate-grad hook on every parameter starts that gradient's in-place allreduce the moment autograd has
-finished it, so the runtime's background engine reduces (and fuses) early gradients while later layers are still
-being differentiated. ``step()`` (or ``synchronize()``) waits for the outstanding reductions, then runs the wrapped
+A post-accumulate-grad hook on every parameter marks its gradient final; when every gradient of a bucket (25 MiB
+of parameters in reverse registration order, or the user's ``groups``) is final, the hook starts that bucket's
+grouped in-place allreduce, so the runtime's background engine reduces early buckets while later layers are
+still being differentiated, with one negotiation per bucket instead of one per tensor. ``step()`` (or ``synchronize()``) waits for the outstanding reductions, then runs the wrapped
 optimizer's own update.
 """
 
@@ -21,6 +22,7 @@ from hpcvod.frameworks.torch import mpi_ops
 from hpcvod.frameworks.torch.compression import Compression, Compressor
 
 _INSTANCE_OVERRIDES = ("step", "zero_grad", "synchronize")
+BUCKET_BYTES = 25 * 1024 * 1024  # default reduction bucket (DDP's default too)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -59,11 +61,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._hvd_delay = {p: backward_passes_per_step for p in all_params}
         self._hvd_requires_update = [p for p in all_params if p.requires_grad]
-        self._hvd_handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
+        self._hvd_buckets = self._hvd_make_buckets(groups)
+        self._hvd_bucket_of = {p: b for b, bucket in enumerate(self._hvd_buckets) for p in bucket}
+        self._hvd_ready_count = [0] * len(self._hvd_buckets)
+        self._hvd_marked: set[torch.Tensor] = set()       # parameters whose gradient is final for this step
+        self._hvd_inflight: dict[int, list[tuple[int, Any, str]]] = {}  # bucket -> its started reductions
         self._hvd_hooks: list[Any] = []
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
-        self._hvd_group_of, self._hvd_group_ready = self._hvd_make_groups(groups)
 
         included = process_set.included() if hasattr(process_set, "included") else True
         set_size = set_rank_size(process_set)[1] if included else 1
@@ -72,89 +77,101 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._hvd_requires_update:
                 self._hvd_hooks.append(p.register_post_accumulate_grad_hook(self._hvd_on_grad_ready))
 
-    def _hvd_make_groups(self, groups: Any) -> tuple[dict[torch.Tensor, int], dict[int, list[torch.Tensor]]]:
-        """Parameters reduced together: ``groups`` is a number of groups or a list of lists of parameters."""
-        if groups is None:
-            return {}, {}
+    def _hvd_make_buckets(self, groups: Any) -> list[list[torch.Tensor]]:
+        """Parameters reduced together, as one grouped (fused) reduction started once all their gradients are
+        ready: ``groups`` buckets of consecutive parameters, the given lists (other parameters alone), or by
+        default buckets of up to ``BUCKET_BYTES`` in reverse registration order (roughly the order backward
+        produces gradients in, as DDP does): few negotiations per step, early buckets overlap the backward."""
         params = self._hvd_requires_update
-        if isinstance(groups, int):
+        if groups is None:
+            buckets: list[list[torch.Tensor]] = []
+            size = 0
+            for p in reversed(params):
+                nbytes = p.numel() * p.element_size()
+                if not buckets or (size + nbytes > BUCKET_BYTES and buckets[-1]):
+                    buckets.append([])
+                    size = 0
+                buckets[-1].append(p)
+                size += nbytes
+            return buckets
+        if isinstance(groups, int) and not isinstance(groups, bool):
             if groups < 1:
                 raise ValueError(f"groups must be a positive number or a list of parameter lists, got {groups}")
             chunk = -(-len(params) // groups)
-            lists = [params[i:i + chunk] for i in range(0, len(params), chunk)]
-        elif isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
+            return [params[i:i + chunk] for i in range(0, len(params), chunk)]
+        if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
             lists = [list(g) for g in groups]
             known = {id(p) for p in params}
-            if any(id(p) not in known for g in lists for p in g):
+            listed = {id(p) for g in lists for p in g}
+            if not listed <= known:
                 raise ValueError("groups contains a parameter that is not a trainable parameter of the optimizer")
-        else:
-            raise ValueError("groups must be a number of groups or a list of lists of parameters")
-        self._hvd_group_sizes = [len(g) for g in lists]
-        group_of = {p: i for i, g in enumerate(lists) for p in g}
-        return group_of, {i: [] for i in range(len(lists))}
+            return [g for g in lists if g] + [[p] for p in params if id(p) not in listed]
+        raise ValueError("groups must be a number of groups or a list of lists of parameters")
 
     # ------------------------------------------------------------------------------------------ reductions
     def _hvd_on_grad_ready(self, p: torch.Tensor) -> None:
-        handle, _ = self._hvd_handles.get(p, (None, None))
-        if handle is not None or self._hvd_delay[p] <= 0:
+        if p in self._hvd_marked:
             raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
                                  "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._hvd_delay[p] -= 1
         if self._hvd_delay[p] > 0:
-            self._hvd_handles[p] = (None, None)
-            return
-        group = self._hvd_group_of.get(p)
-        if group is None:
-            self._hvd_handles[p] = self._hvd_start(p)
-            return
-        # A group is submitted back to back once all its members are ready, so the engine fuses it.
-        ready = self._hvd_group_ready[group]
-        ready.append(p)
-        self._hvd_handles[p] = (None, None)
-        if len(ready) == self._hvd_group_sizes[group]:
-            for q in ready:
-                self._hvd_handles[q] = self._hvd_start(q)
-            ready.clear()
+            return  # accumulating locally: reduce after the last backward pass of this step
+        self._hvd_marked.add(p)
+        b = self._hvd_bucket_of[p]
+        self._hvd_ready_count[b] += 1
+        if self._hvd_ready_count[b] == len(self._hvd_buckets[b]):
+            self._hvd_start(b)
 
-    def _hvd_start(self, p: torch.Tensor) -> tuple[int, Any]:
-        """Starts the allreduce of ``p.grad``; returns (handle, decompression context)."""
-        if p.grad is None:
-            # This rank never used p, other ranks may have: every rank must submit the same tensors.
-            p.grad = torch.zeros_like(p)
-        name = self._hvd_names[p]
-        if p.grad.is_sparse:
-            if self._hvd_sparse_as_dense:
+    def _hvd_start(self, b: int) -> None:
+        """Starts the reductions of bucket ``b``: its dense gradients as one grouped in-place allreduce, sparse
+        ones by allgather (or densified, with ``sparse_as_dense``)."""
+        started: list[tuple[int, Any, str]] = []
+        dense, entries = [], []
+        for p in self._hvd_buckets[b]:
+            if p.grad is None:
+                # This rank never used p, other ranks may have: every rank must submit the same tensors.
+                p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse:
+                if not self._hvd_sparse_as_dense:
+                    handle = mpi_ops.sparse_allreduce_async(p.grad, self._hvd_names[p], self._hvd_op,
+                                                            self._hvd_process_set)
+                    started.append((handle, p, "sparse"))
+                    continue
                 p.grad = p.grad.to_dense()
-            else:
-                return mpi_ops.sparse_allreduce_async(p.grad, name, self._hvd_op, self._hvd_process_set), "sparse"
-        compressed, ctx = self._hvd_compression.compress(p.grad)
-        handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._hvd_op,
-                                          prescale_factor=self._hvd_prescale, postscale_factor=self._hvd_postscale,
-                                          process_set=self._hvd_process_set)
-        return handle, (compressed, ctx)
+            compressed, ctx = self._hvd_compression.compress(p.grad)
+            dense.append(compressed)
+            entries.append((p, compressed, ctx))
+        if dense:
+            handle = mpi_ops.grouped_allreduce_async_(dense, name=f"allreduce.bucket{b}", op=self._hvd_op,
+                                                      prescale_factor=self._hvd_prescale,
+                                                      postscale_factor=self._hvd_postscale,
+                                                      process_set=self._hvd_process_set)
+            started.append((handle, entries, "dense"))
+        self._hvd_inflight[b] = started
 
     def synchronize(self) -> None:
         """Waits until every gradient has been reduced (starting the ones no hook started) and writes them back."""
         if not self._hvd_active:
             self._hvd_synchronized = True
             return
-        for p in self._hvd_requires_update:
-            handle, _ = self._hvd_handles.get(p, (None, None))
-            if handle is None:
-                self._hvd_handles[p] = self._hvd_start(p)
-        for group in self._hvd_group_ready.values():
-            group.clear()
-        for p, (handle, ctx) in self._hvd_handles.items():
-            output = mpi_ops.synchronize(handle)
+        for b in range(len(self._hvd_buckets)):
+            if b not in self._hvd_inflight:
+                self._hvd_start(b)
+        for started in self._hvd_inflight.values():
+            for handle, what, kind in started:
+                output = mpi_ops.synchronize(handle)
+                if kind == "sparse":
+                    what.grad = output
+                    continue
+                for p, compressed, ctx in what:
+                    if compressed is not p.grad:
+                        with torch.no_grad():
+                            p.grad.copy_(self._hvd_compression.decompress(compressed, ctx))
+        self._hvd_inflight.clear()
+        self._hvd_marked.clear()
+        self._hvd_ready_count = [0] * len(self._hvd_buckets)
+        for p in self._hvd_delay:
             self._hvd_delay[p] = self.backward_passes_per_step
-            if ctx == "sparse":
-                p.grad = output
-                continue
-            compressed, compression_ctx = ctx
-            if compressed is not p.grad:
-                with torch.no_grad():
-                    p.grad.copy_(self._hvd_compression.decompress(compressed, compression_ctx))
-        self._hvd_handles.clear()
         self._hvd_synchronized = True
 
     @contextmanager
@@ -189,11 +206,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self._hvd_base, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if any(handle is not None for handle, _ in self._hvd_handles.values()):
+        if self._hvd_inflight or self._hvd_marked:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can cause "
                                  "a race condition.")
-        self._hvd_handles.clear()
         return super(self._hvd_base, self).zero_grad(set_to_none)
 
     def _hvd_remove_hooks(self) -> None:
