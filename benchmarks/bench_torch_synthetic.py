@@ -16,17 +16,14 @@ meet over TCP on localhost (``--worker`` runs one rank; the driver starts them).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import socket
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-RESULT_TAG = "RESULT "
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _synthetic_driver import interleaved, print_result, table  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -105,10 +102,7 @@ def worker(args: argparse.Namespace) -> None:
         barrier()  # an iteration ends when the slowest rank is done
         rates.append(args.batch_size * args.batches_per_iter / (time.perf_counter() - start))
     if rank == 0:
-        params = sum(p.numel() for p in model.parameters())
-        print(RESULT_TAG + json.dumps({"system": args.worker, "size": size, "per_rank": statistics.mean(rates),
-                                       "per_rank_spread": statistics.pstdev(rates), "params": params}),
-              flush=True)
+        print_result(rates, sum(p.numel() for p in model.parameters()))
     if args.worker == "hpcvod":
         hvd.shutdown()
     else:
@@ -116,51 +110,19 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- driver
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(system: str, n: int, args: argparse.Namespace) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    argv = [str(mpiexec), "-n", str(n), sys.executable, __file__, "--worker", system, "--port", str(free_port()),
-            "--model", args.model, "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-            "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "HOROVOD_", "PMI_", "OMPI_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{system} on {n} ranks failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-4000:]}")
-    return json.loads(lines[0][len(RESULT_TAG):])
-
-
 def driver(args: argparse.Namespace) -> None:
     import torch
 
-    configs = [("hpcvod", 1), ("hpcvod", 2), ("ddp", 2)]
-    per_rank: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
-    params = 0
-    for round_ in range(args.rounds):
-        for system, n in configs:  # interleaved: a noisy neighbour slows every system alike
-            result = launch(system, n, args)
-            per_rank[(system, n)].append(result["per_rank"])
-            params = result["params"]
-            print(f"round {round_ + 1}: {system:6s} {n} rank(s): {result['per_rank']:8.1f} img/sec per rank",
-                  flush=True)
-    med = {c: statistics.median(v) for c, v in per_rank.items()}
-    single = med[("hpcvod", 1)]
-    ours, ddp = med[("hpcvod", 2)] * 2, med[("ddp", 2)] * 2
+    worker_args = ["--model", args.model, "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+                   "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter)]
+    med, params = interleaved(__file__, [("hpcvod", 1), ("hpcvod", 2), ("ddp", 2)], worker_args, args.rounds)
+    single, ours, ddp = med[("hpcvod", 1)], med[("hpcvod", 2)], med[("ddp", 2)]
     print()
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"model {args.model} ({params / 1e6:.1f} M parameters), batch {args.batch_size} per rank, "
           f"1 compute thread per rank, medians of {args.rounds} interleaved rounds")
-    print(f"{'system':28s} {'img/sec per rank':>17s} {'total img/sec':>14s} {'scaling eff.':>13s}")
-    print(f"{'hpcvod, 1 rank':28s} {single:17.1f} {single:14.1f} {'(reference)':>13s}")
-    print(f"{'hpcvod DistributedOptimizer':28s} {ours / 2:17.1f} {ours:14.1f} {ours / (2 * single):13.1%}")
-    print(f"{'torch DDP over gloo':28s} {ddp / 2:17.1f} {ddp:14.1f} {ddp / (2 * single):13.1%}")
+    table([("hpcvod, 1 rank", single, 1), ("hpcvod DistributedOptimizer", ours, 2), ("torch DDP over gloo", ddp, 2)],
+          single)
     print(f"hpcvod / DDP total throughput: {ours / ddp:.3f}x (target >= 1.0)")
 
 
