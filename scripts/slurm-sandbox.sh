@@ -322,7 +322,7 @@ cmd_up() {
 cmd_down() {
   local purge=${1:-}
   [ -z "$purge" ] || [ "$purge" = --purge ] || usage
-  [ -d "$BASE" ] || { say "nothing to stop ($BASE does not exist)"; return 0; }
+  # without its folder there are no PID files, but namespaces, bridge and /etc/hosts lines may still be left over
   mkdir -p "$RUN"
   exec 9>"$BASE/.lock"; flock 9
   # jobs first, so their processes end through Slurm rather than being orphaned by a dead slurmd

@@ -68,13 +68,12 @@ def slurm_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(autouse=True)
-def cancel_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
+def cancel_leftover_jobs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
     """A failing test must not leave jobs that hold the nodes for the next ones: after each Slurm test, cancel
     the jobs still queued or running whose working directory is inside that test's tmp_path."""
     yield
-    if "slurm_cluster" not in request.fixturenames or "tmp_path" not in request.fixturenames:
+    if "slurm_cluster" not in request.fixturenames:
         return
-    tmp_path = request.getfixturevalue("tmp_path")
     queued = run(["squeue", "-h", "-o", "%i %Z"], timeout=30).stdout.split("\n")
     mine = [line.split(" ", 1)[0] for line in queued
             if " " in line and Path(line.split(" ", 1)[1]).is_relative_to(tmp_path)]
