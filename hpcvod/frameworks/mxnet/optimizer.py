@@ -13,9 +13,13 @@ from hpcvod.frameworks.mxnet._mx import mx
 from hpcvod.frameworks.mxnet.compression import Compression, Compressor
 
 
+ALONE_BYTES = 1 << 20  # gradients this large are reduced one by one; smaller ones together (fused)
+
+
 def _reduce_in_place(grads: list[Any], names: list[str], gradient_predivide_factor: float, process_set: Any,
                      compression: type[Compressor] = Compression.none) -> None:
-    """Averages NDArray gradients over ``process_set`` in place: all submitted at once, fused by the engine."""
+    """Averages NDArray gradients over ``process_set`` in place: small ones submitted together (the engine
+    fuses them), large ones reduced one by one straight in their own memory."""
     if set_rank_size(process_set)[1] == 1:
         return
     op, pre, post = average_as_prescale(rt.Average, gradient_predivide_factor)
@@ -23,11 +27,18 @@ def _reduce_in_place(grads: list[Any], names: list[str], gradient_predivide_fact
     for grad, name in zip(grads, names):
         compressed, ctx = compression.compress(grad)
         array, staged = mpi_ops._view(compressed, writable=True)
-        handle = rt.allreduce_async_(array, name=name, op=op, prescale_factor=pre, postscale_factor=post,
-                                     process_set=process_set)
+        if array.nbytes >= ALONE_BYTES:
+            # Bandwidth-bound: reduced alone, in the NDArray's memory (fusing it would add two copies).
+            rt.allreduce_(array, name=name, op=op, prescale_factor=pre, postscale_factor=post,
+                          process_set=process_set)
+            handle = None
+        else:
+            handle = rt.allreduce_async_(array, name=name, op=op, prescale_factor=pre, postscale_factor=post,
+                                         process_set=process_set)
         pending.append((handle, grad, compressed, ctx, staged))
     for handle, grad, compressed, ctx, staged in pending:
-        rt.synchronize(handle)
+        if handle is not None:
+            rt.synchronize(handle)
         mpi_ops._write_back(compressed, staged)
         if compressed is not grad:
             grad[:] = compression.decompress(compressed, ctx)
