@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,13 +69,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def driver(args: argparse.Namespace) -> None:
-    import tensorflow as tf
-
     worker_args = ["--batch-size", str(args.batch_size), "--warmup", str(args.warmup), "--iters", str(args.iters),
                    "--batches-per-iter", str(args.batches_per_iter)]
     med, params = interleaved(__file__, [("hpcvod", 1), ("hpcvod", 2)], worker_args, args.rounds)
     print()
-    print(f"machine: {platform.node()}, {os.cpu_count()} cores, tensorflow {tf.__version__}, MLP "
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, tensorflow {version('tensorflow-cpu')}, MLP "
           f"({params / 1e6:.1f} M parameters), batch {args.batch_size} per rank, 1 compute thread per rank, "
           f"medians of {args.rounds} interleaved rounds")
     table([("hpcvod, 1 rank", med[("hpcvod", 1)], 1),

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,7 +71,7 @@ def driver(args: argparse.Namespace) -> None:
                    "--batches-per-iter", str(args.batches_per_iter)]
     med, params = interleaved(__file__, [("hpcvod", 1), ("hpcvod", 2)], worker_args, args.rounds)
     print()
-    print(f"machine: {platform.node()}, {os.cpu_count()} cores, mxnet 1.9.1, MLP ({params / 1e6:.1f} M "
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, mxnet {version('mxnet')}, MLP ({params / 1e6:.1f} M "
           f"parameters), batch {args.batch_size} per rank, 1 compute thread per rank (OMP_NUM_THREADS=1), "
           f"medians of {args.rounds} interleaved rounds")
     table([("hpcvod, 1 rank", med[("hpcvod", 1)], 1),

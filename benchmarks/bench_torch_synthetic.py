@@ -20,6 +20,7 @@ import os
 import platform
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,14 +112,12 @@ def worker(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------- driver
 def driver(args: argparse.Namespace) -> None:
-    import torch
-
     worker_args = ["--model", args.model, "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
                    "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter)]
     med, params = interleaved(__file__, [("hpcvod", 1), ("hpcvod", 2), ("ddp", 2)], worker_args, args.rounds)
     single, ours, ddp = med[("hpcvod", 1)], med[("hpcvod", 2)], med[("ddp", 2)]
     print()
-    print(f"machine: {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, torch {version('torch')}, "
           f"model {args.model} ({params / 1e6:.1f} M parameters), batch {args.batch_size} per rank, "
           f"1 compute thread per rank, medians of {args.rounds} interleaved rounds")
     table([("hpcvod, 1 rank", single, 1), ("hpcvod DistributedOptimizer", ours, 2), ("torch DDP over gloo", ddp, 2)],

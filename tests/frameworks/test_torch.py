@@ -23,6 +23,7 @@ CHECKS = [
     "optimizer_options_keep_ranks_identical",
     "optimizer_backward_passes_per_step",
     "optimizer_sparse_gradients",
+    "process_sets",
     "optimizer_synchronize_skip_and_misuse",
     "lr_scheduler_created_before_wrapping",
     "checkpoint_restore_with_broadcast",

@@ -411,6 +411,37 @@ def optimizer_sparse_gradients():
 
 
 @check
+def process_sets():
+    # With 2 ranks the only proper subsets are single ranks: each rank gets its own set.
+    sets = [hvd.add_process_set([r]) for r in range(SIZE)]
+    mine, other = sets[RANK], sets[(RANK + 1) % SIZE]
+    alone = hvd.allreduce(rank_data(RANK, (3,)), op=hvd.Sum, process_set=mine, name="ps.alone")
+    close(alone, rank_data(RANK, (3,)))
+    try:
+        hvd.allreduce(torch.ones(3), process_set=other, name="ps.other")
+    except hvd.HpcvodError:
+        pass
+    else:
+        raise AssertionError("a collective on a process set this rank is not in did not raise")
+    solo = hvd.DistributedOptimizer(sgd(make_model(3).parameters(), 0.1), process_set=mine)
+    assert not solo._hvd_active, "a one-rank process set needs no reductions"
+    # the global set, given explicitly, is the default behaviour
+    model, ref = make_model(1), make_model(1)
+    opt = hvd.DistributedOptimizer(sgd(model.parameters(), 0.1), named_parameters=model.named_parameters(),
+                                   process_set=hvd.global_process_set)
+    ref_opt = sgd(ref.parameters(), 0.1)
+    for step in range(3):
+        x, y = global_batch(500 + step)
+        torch.nn.functional.cross_entropy(model(local_part(x)), local_part(y)).backward()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
+        assert_identical_on_every_rank(model, f"global set step {step}")
+    assert (flat_params(model) - flat_params(ref)).abs().max().item() < 1e-4
+    for ps in sets:
+        hvd.remove_process_set(ps)
+
+
+@check
 def optimizer_synchronize_skip_and_misuse():
     model = make_model(3)
     opt = hvd.DistributedOptimizer(sgd(model.parameters(), 0.1), named_parameters=model.named_parameters())
