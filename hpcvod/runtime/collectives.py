@@ -157,8 +157,14 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
         finish = _copy_into(copy_back) if copy_back is not None else None
     if in_place:
         output = a
+    elif out is None:
+        output = None
     else:
-        output = None if out is None else _check_out(out, a.shape, dtype)
+        output = _check_out(out, a.shape, dtype)
+        if output is a:
+            in_place = True
+        elif np.may_share_memory(output, a):
+            raise HpcvodInputError("allreduce: out= overlaps the input; use allreduce_ to reduce in place")
     if name is None:
         h = Handle(lane.auto_name(), K.ALLREDUCE, (K.ALLREDUCE, dtype, a.shape, op, pre, post), a, output, True)
     else:
