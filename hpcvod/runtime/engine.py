@@ -217,6 +217,7 @@ def fuse_key(sig: tuple) -> Any:
 # A request waiting longer than this forces a full round even when every rank's requests are cached, so
 # that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
 FULL_ROUND_AFTER_SECONDS = 1.0
+SPIN_SECONDS = 0.002       # see Lane._wait_request
 
 
 class Lane:
@@ -649,17 +650,23 @@ class Lane:
         self._inflight = []
 
     def _wait_request(self, req: MPI.Request) -> None:
-        """Poll ``req``: spin ~100 us, then yield, then sleep with a growing (<= 1 ms) back-off."""
+        """Poll ``req``: spin (like MPI itself) for SPIN_SECONDS, then sleep with a growing (<= 1 ms) back-off.
+
+        Peers routinely arrive a few hundred microseconds apart (a large reduction ends earlier on one rank
+        than on the other), so the spin must cover that; a peer that is still computing costs a sleeping
+        poll, not a core.
+        """
         test = req.Test
-        for _ in range(256):
-            if test():
-                return
+        if test():
+            return
         t0 = _perf()
         while not test():
+            waited = _perf() - t0
+            if waited < SPIN_SECONDS:
+                continue
             if self._abort is not None:
                 raise self._abort
-            waited = _perf() - t0
-            time.sleep(0 if waited < 0.002 else min(0.001, waited * 0.05))
+            time.sleep(min(0.001, waited * 0.05))
 
     def _full_round(self, joined: bool) -> list[Handle]:
         """Exchange every rank's pending list and derive the same responses on every member."""
