@@ -46,10 +46,15 @@ def test_every_collective_matches_numpy(mpi, ranks: int, tmp_path: Path) -> None
     assert set(api_rows) == {"timeline.api.tensor"}, sorted(api_rows)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_without_fusion_and_without_the_response_cache(mpi, ranks: int, tmp_path: Path) -> None:
-    if ranks == 4 and mpi.name != "mpich":
-        pytest.skip("the 4-rank no-fusion run is covered once (MPICH); keeps the suite short")
+def test_without_fusion_and_without_the_response_cache(mpi, tmp_path: Path) -> None:
+    check_without_fusion(mpi, 2, tmp_path)
+
+
+def test_without_fusion_and_cache_on_four_ranks(mpich, tmp_path: Path) -> None:
+    check_without_fusion(mpich, 4, tmp_path)     # once (MPICH): keeps the suite short
+
+
+def check_without_fusion(mpi, ranks: int, tmp_path: Path) -> None:
     timeline = tmp_path / "timeline.json"
     run = mpi.run(ranks, "w_collectives.py",
                   env={"HPCVOD_FUSION_THRESHOLD": "0", "HPCVOD_CACHE_CAPACITY": "0", "HPCVOD_TIMELINE": str(timeline)})
