@@ -177,11 +177,15 @@ class SlurmScheduler(Scheduler):
 
 
 def _json_exit_code(value: object) -> int | None:
-    """squeue --json's exit_code: an int (Slurm 22.05) or {"status": [...], "return_code": N, "signal": {...}}."""
+    """squeue --json's exit_code: an int (Slurm 22.05) or {"status": [...], "return_code": N, "signal": {...}}.
+
+    22.05's int is slurmctld's raw wait status (exit 3 -> 768, SIGTERM -> 15), the same number scontrol prints as
+    "3:0" / "0:15": decode it the same way.
+    """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return _exit_code(f"{(value >> 8) & 0xFF}:{value & 0x7F}")
     if isinstance(value, dict):
         code = value.get("return_code")
         if isinstance(code, dict):  # 23.11+: {"set": true, "number": N}

@@ -73,7 +73,10 @@ class MpiFlavour:
 
     def run(self, n: int, worker: str, *args: str, env: Optional[dict[str, str]] = None,
             timeout: float = 150.0, no_cleanup: bool = False) -> Ranks:
-        argv = self.launch_argv(n, no_cleanup) + [self.python, str(WORKERS / worker), *args]
+        argv = self.launch_argv(n, no_cleanup)
+        if no_cleanup and self.name != "openmpi":   # Hydra: see workers/linger.py
+            argv += [self.python, str(WORKERS / "linger.py"), "5"]
+        argv += [self.python, str(WORKERS / worker), *args]
         started = time.monotonic()
         try:
             proc = subprocess.run(argv, env=self.env(env), capture_output=True, text=True, timeout=timeout,

@@ -70,6 +70,8 @@ def test_slurm_states(word, state):
 
 def test_squeue_json_exit_code_shapes():
     assert _json_exit_code(0) == 0
+    assert _json_exit_code(768) == 3          # 22.05: a raw wait status, exit 3 (seen on the sandbox cluster)
+    assert _json_exit_code(9) == 128 + 9      # killed by SIGKILL
     assert _json_exit_code({"status": ["SUCCESS"], "return_code": 3}) == 3
     assert _json_exit_code({"return_code": {"set": True, "infinite": False, "number": 1}}) == 1
     assert _json_exit_code(None) is None
