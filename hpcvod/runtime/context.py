@@ -159,7 +159,7 @@ def shutdown() -> None:
         sys.excepthook = rt.prev_excepthook
     if not busy and rt.failed is None:
         for lane in rt.lanes.values():
-            lane.comm.Free()
+            lane.free()
         for c in (rt.local_comm, rt.cross_comm, rt.comm):
             c.Free()
 
@@ -380,7 +380,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     lane = rt.lanes.pop(set_id, None)
     if lane is not None:
         lane.stop()
-        lane.comm.Free()
+        lane.free()
     del rt.sets[set_id]
     process_set._invalidate()
     return True

@@ -43,6 +43,7 @@ from mpi4py import MPI
 from . import handles as K
 from .errors import (HpcvodError, HpcvodInputError, HpcvodMismatchError, HpcvodShutdownError)
 from .handles import Handle
+from .hierarchical import MpiPrimitives, Topology, hierarchical_allreduce
 from .timeline import MEMCPY_IN, MEMCPY_OUT, NEGOTIATE, QUEUE, Timeline
 
 # Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
@@ -233,6 +234,10 @@ class Lane:
         self.fusion_threshold = settings.fusion_threshold
         self.cache_capacity = settings.cache_capacity
         self.cycle_time = settings.cycle_time_ms / 1000.0
+        # HPCVOD_HIERARCHICAL_ALLREDUCE: the node split is made on the first allreduce (a collective; every
+        # member runs it at the same point of the agreed order) and dropped if it cannot help (one node).
+        self._hierarchical = bool(settings.hierarchical_allreduce) and self.size > 1
+        self._topology: Any = None
         self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -493,6 +498,13 @@ class Lane:
             self._fail_everything(HpcvodShutdownError("hpcvod was shut down"))
         if bg is not None and bg is not threading.current_thread():
             bg.join(timeout=2.0)
+
+    def free(self) -> None:
+        """Release the lane's communicators (after stop(), when nothing is in flight)."""
+        if self._topology is not None:
+            self._topology.free()
+            self._topology = None
+        self.comm.Free()
 
     def pending(self) -> list[tuple[str, int, float]]:
         """(name, kind, seconds waiting) of every request not yet done (for the stall inspector)."""
@@ -864,14 +876,14 @@ class Lane:
             if h.prescale != 1.0:
                 np.multiply(out, h.prescale, out=out, casting="unsafe")
             t1 = _perf() if tl is not None else 0.0
-            comm.Allreduce(MPI.IN_PLACE, [out, h.mpi_type], h.mpi_op)
+            self._allreduce_in_place(out, h)
         else:
             if out is None:
                 out = np.empty_like(a) if a.nbytes < POOL_MIN_BYTES else _results.empty(a.shape, a.dtype)
-            if h.prescale != 1.0:
+            if h.prescale != 1.0 or self._hierarchical:
                 np.multiply(a, h.prescale, out=out, casting="unsafe")
                 t1 = _perf() if tl is not None else 0.0
-                comm.Allreduce(MPI.IN_PLACE, [out, h.mpi_type], h.mpi_op)
+                self._allreduce_in_place(out, h)
             else:
                 # Separate buffers, exactly like a hand-written Allreduce(send, recv): a copy plus an in-place
                 # reduction costs the same or more once the copy leaves the cache.
@@ -885,6 +897,20 @@ class Lane:
             t2 = _perf()
             tl.span(h.name, QUEUE, h.t_ready, t0)
             tl.span(h.name, "MPI_ALLREDUCE", t1, t2, {"bytes": a.nbytes})
+
+    def _allreduce_in_place(self, buf: np.ndarray, h: Handle) -> None:
+        """One in-place MPI allreduce of ``buf`` (contiguous), hierarchical when asked for and useful."""
+        if self._hierarchical and buf.size >= self.size:
+            topo = self._topology
+            if topo is None:
+                topo = self._topology = Topology(self.comm)
+                if not topo.usable:
+                    self._hierarchical = False     # flat is as good on one node; keep the split for free()
+            if self._hierarchical:
+                hierarchical_allreduce(buf.reshape(-1), h.mpi_op, topo.local, topo.local_size, topo.cross,
+                                       self.comm, MpiPrimitives(h.mpi_type))
+                return
+        self.comm.Allreduce(MPI.IN_PLACE, [buf, h.mpi_type], h.mpi_op)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:
@@ -907,7 +933,7 @@ class Lane:
         if first.prescale != 1.0:
             np.multiply(flat, first.prescale, out=flat, casting="unsafe")
         t1 = _perf()
-        self.comm.Allreduce(MPI.IN_PLACE, [flat, first.mpi_type], first.mpi_op)
+        self._allreduce_in_place(flat, first)
         if first.postscale != 1.0:
             np.multiply(flat, first.postscale, out=flat, casting="unsafe")
         t2 = _perf()

@@ -107,7 +107,9 @@ def test_every_sandbox_profile_forms_one_world(slurm_cluster: Cluster, tmp_path:
     flavour = flavours()[flavour_name]
     require_flavour(flavour)
     shutil.copy(WORKERS / "hvd_world.py", tmp_path / "train.py")
-    done = hpcvod("submit", "--site", site, *TWO_BY_TWO, "--wait", "train.py", cwd=tmp_path, venv=flavour.venv)
+    # hierarchical allreduce on: 2 real nodes x 2 ranks is the topology it is made for
+    done = hpcvod("submit", "--site", site, *TWO_BY_TWO, "--env", "HPCVOD_HIERARCHICAL_ALLREDUCE=1", "--wait",
+                  "train.py", cwd=tmp_path, venv=flavour.venv)
     _, job_dir = submitted(done)
     output = (job_dir / "output.log").read_text()
     assert done.returncode == 0, done.stdout + done.stderr + output
@@ -116,6 +118,7 @@ def test_every_sandbox_profile_forms_one_world(slurm_cluster: Cluster, tmp_path:
     check_two_by_two(records, output)
     by_rank = {r["rank"]: r for r in records}
     assert [(by_rank[i]["local_rank"], by_rank[i]["cross_rank"]) for i in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert all(r["hierarchical"] and r["big_ok"] and r["grouped_ok"] for r in records), output
 
 
 def test_cancel_a_running_job_stops_every_rank(slurm_cluster: Cluster, tmp_path: Path) -> None:

@@ -70,3 +70,11 @@ def test_tiny_fusion_threshold_and_cache_evictions(mpich) -> None:
     run = mpich.run(3, "w_collectives.py", env={"HOROVOD_FUSION_THRESHOLD": "100", "HOROVOD_CACHE_CAPACITY": "3"})
     assert run.returncode == 0, run.explain()
     assert "ALL OK" in run.stdout and "on 3 ranks" in run.stdout, run.explain()
+
+
+def test_hierarchical_allreduce_algorithm_equals_flat(mpi) -> None:
+    """Four ranks split into two "nodes" two ways: node-local reduce-scatter, cross allreduce, local allgather."""
+    run = mpi.run(4, "w_hierarchical.py", timeout=120)
+    assert run.returncode == 0, run.explain()
+    assert "HIERARCHICAL OK 224" in run.stdout, run.explain()
+
