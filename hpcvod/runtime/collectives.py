@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import context
+from . import context, gpu
 from . import handles as K
 from .compression import Compression, Compressor
 from .engine import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, Lane, dumps, loads, mpi_reduce_op, mpi_type)
@@ -45,6 +45,12 @@ def as_array(tensor: Any, *, writable: bool = False, what: str = "tensor") -> np
         a = tensor
     elif hasattr(tensor, "__array_interface__") or hasattr(tensor, "__array_struct__"):
         a = np.asarray(tensor)
+    elif gpu.is_device_buffer(tensor):
+        # Only allreduce and broadcast run on device memory (NCCL); the others take a host copy.
+        if writable:
+            raise HpcvodInputError(f"{what}: this in-place collective cannot write into GPU memory; only "
+                                   f"allreduce_ and broadcast_ run on device buffers")
+        return gpu.probe()[0].asnumpy(gpu.device_array(tensor))
     elif hasattr(tensor, "__dlpack__") and not isinstance(tensor, (list, tuple)):
         try:
             a = np.from_dlpack(tensor)
@@ -136,7 +142,13 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
     lane = process_set._lane
     if lane is None:
         lane = _lane_of(process_set)
-    a = tensor if tensor.__class__ is _ndarray else as_array(tensor, writable=in_place)
+    if tensor.__class__ is _ndarray:
+        a = tensor
+    elif gpu.is_device_buffer(tensor):
+        return _device_allreduce_handle(lane, tensor, average, name, op, prescale_factor, postscale_factor,
+                                        in_place, out)
+    else:
+        a = as_array(tensor, writable=in_place)
     if op is None:
         op = AVERAGE if average is None or average else SUM
     elif average is not None:
@@ -182,6 +194,49 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
     return h
 
 
+def _device_view(tensor: Any, in_place: bool, what: str) -> Any:
+    """A contiguous CuPy view of a device buffer (a contiguous copy for out-of-place forms)."""
+    d = gpu.device_array(tensor)
+    if not d.flags.c_contiguous:
+        if in_place:
+            raise HpcvodInputError(f"{what}: an in-place device collective needs a contiguous tensor")
+        d = gpu.probe()[0].ascontiguousarray(d)
+    return d
+
+
+def _on_device(h: Handle) -> Handle:
+    from .nccl import current_stream_ptr
+    h.device = True
+    h.stream = current_stream_ptr()        # ordered after the kernels that produced the tensor
+    return h
+
+
+def _device_out(out: Any, like: Any, what: str) -> Any:
+    o = _device_view(out, True, what)
+    if o.shape != like.shape or o.dtype != like.dtype:
+        raise HpcvodInputError(f"{what}: out= must be a {like.dtype} device array of shape {like.shape}, "
+                               f"got {o.dtype} {o.shape}")
+    return o
+
+
+def _device_allreduce_handle(lane: Lane, tensor: Any, average: Optional[bool], name: Optional[str],
+                             op: Optional[int], prescale_factor: float, postscale_factor: float,
+                             in_place: bool, out: Any) -> Handle:
+    """An allreduce of GPU memory: negotiated like any other, executed by runtime/nccl.py."""
+    d = _device_view(tensor, in_place, "allreduce")
+    op = _resolve_op(op, average)
+    plan = _reduction_plan(d.dtype, op)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    output = d if in_place else (_device_out(out, d, "allreduce") if out is not None else None)
+    sig = (K.ALLREDUCE, d.dtype, d.shape, op, pre, post, K.DEVICE)
+    h = Handle(name if name is not None else lane.auto_name(), K.ALLREDUCE, sig, d, output, name is None)
+    h.lane = lane
+    h.mpi_type, h.mpi_op = plan               # for staging through host memory
+    h.prescale = pre
+    h.postscale = post / lane.size if op == AVERAGE else post
+    return _on_device(h)
+
+
 def _copy_into(target: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     def finish(result: np.ndarray) -> np.ndarray:
         np.copyto(target, result, casting="unsafe")
@@ -195,7 +250,7 @@ def _decompress_into(compression: type[Compressor], ctx: Any,
         restored = compression.decompress(result, ctx)
         if target is None:
             return restored
-        np.copyto(target, restored, casting="unsafe")
+        target[...] = restored                     # NumPy or CuPy target
         return target
     return finish
 
@@ -204,14 +259,18 @@ def _compressed_handle(tensor: Any, average: Optional[bool], name: Optional[str]
                        prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
                        compression: type[Compressor], in_place: bool, out: Any) -> Handle:
     """allreduce with a compressor: reduce the compressed copy, restore into the caller's array/out."""
-    a = as_array(tensor, writable=in_place)
-    compressed, ctx = compression.compress(a)
+    device = tensor.__class__ is not _ndarray and gpu.is_device_buffer(tensor)
+    a = _device_view(tensor, in_place, "allreduce") if device else as_array(tensor, writable=in_place)
+    compressed, ctx = compression.compress(a)      # NumPy and CuPy arrays alike (astype)
     if compressed is a:
         return _allreduce_handle(a, average, name, op, prescale_factor, postscale_factor, process_set,
                                  in_place, out)
     h = _allreduce_handle(compressed, average, name, op, prescale_factor, postscale_factor, process_set,
                           False, None)
-    target = a if in_place else (_check_out(out, a.shape, a.dtype) if out is not None else None)
+    if in_place or out is None:
+        target = a if in_place else None
+    else:
+        target = _device_out(out, a, "allreduce") if device else _check_out(out, a.shape, a.dtype)
     h.finish = _chain(h.finish, _decompress_into(compression, ctx, target))
     return h
 
@@ -390,12 +449,18 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
 def _broadcast_handle(tensor: Any, root_rank: int, name: Optional[str], process_set: ProcessSet,
                       in_place: bool, out: Any = None) -> Handle:
     lane = _lane_of(process_set)
-    a = as_array(tensor, writable=in_place)
     try:
         root_index = lane.ranks.index(int(root_rank))
     except (ValueError, TypeError):
         raise HpcvodInputError(f"broadcast: root_rank={root_rank!r} is not a rank of {process_set!r} "
                                f"(ranks {lane.ranks})") from None
+    if tensor.__class__ is not _ndarray and gpu.is_device_buffer(tensor):
+        d = _device_view(tensor, in_place, "broadcast")
+        output = d if in_place else (_device_out(out, d, "broadcast") if out is not None else None)
+        h = _plain_handle(K.BROADCAST, tensor, name, process_set, (d.shape, int(root_rank), K.DEVICE), d, output)
+        h.root = root_index
+        return _on_device(h)
+    a = as_array(tensor, writable=in_place)
     a, copy_back = _contiguous_work(a, in_place)
     output = a if in_place else (_check_out(out, a.shape, a.dtype) if out is not None else None)
     h = _plain_handle(K.BROADCAST, tensor, name, process_set, (a.shape, int(root_rank)), a, output)

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any, Optional, Sequence, Union
 
+from . import gpu
 from .config import Settings
 from .errors import (HpcvodError, HpcvodInputError, HpcvodNotInitializedError, HpcvodRankFailureError,
                      HpcvodStallError)
@@ -109,6 +110,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
         is_homogeneous=len({ls for _, ls in everyone}) == 1, hostname=me,
         thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
+    gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
     lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
     rt.lanes[0] = lane
     global_process_set._register(0, list(range(size)), rank, lane)
@@ -270,7 +272,7 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_enabled() -> bool:
-    """True: hpcvod always runs its collectives over MPI (NCCL arrives with the GPU issue)."""
+    """True: MPI carries every host collective (and the negotiation of device ones)."""
     return True
 
 
@@ -284,8 +286,8 @@ def mpi_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """False: NCCL support is not part of this release."""
-    return False
+    """Whether device collectives can run over NCCL here (CuPy with NCCL, and a visible GPU)."""
+    return gpu.nccl_available()
 
 
 def gloo_enabled() -> bool:
@@ -303,7 +305,8 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether CuPy can see a GPU here (device buffers are accepted either way)."""
+    return gpu.device_count() > 0
 
 
 def rocm_built() -> bool:

@@ -121,6 +121,8 @@ def describe_sig(sig: tuple) -> str:
     """A short human description of a request signature (for mismatch errors)."""
     kind = sig[0]
     name = K.KIND_NAMES.get(kind, "?")
+    if sig[-1] == K.DEVICE:
+        return describe_sig(sig[:-1]).replace("(", "(device=cuda, ", 1)
     if kind in (K.ALLREDUCE, K.REDUCESCATTER):
         _, dt, shape, op, pre, post = sig
         extra = f" prescale={pre}" if pre != 1.0 else ""
@@ -211,7 +213,7 @@ def fuse_key(sig: tuple) -> Any:
     """
     if sig[0] != K.ALLREDUCE:
         return None
-    key = (sig[1], sig[3], sig[4], sig[5])
+    key = (sig[1], sig[3], sig[4], sig[5], sig[-1] == K.DEVICE)
     return _fuse_keys.setdefault(key, key)
 
 
@@ -238,6 +240,8 @@ class Lane:
         # member runs it at the same point of the agreed order) and dropped if it cannot help (one node).
         self._hierarchical = bool(settings.hierarchical_allreduce) and self.size > 1
         self._topology: Any = None
+        self._gpu_operations = settings.gpu_operations
+        self._device_ops: Any = None             # nccl.DeviceOps, made on the first device request
         self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -501,6 +505,9 @@ class Lane:
 
     def free(self) -> None:
         """Release the lane's communicators (after stop(), when nothing is in flight)."""
+        if self._device_ops is not None:
+            self._device_ops.close()
+            self._device_ops = None
         if self._topology is not None:
             self._topology.free()
             self._topology = None
@@ -789,6 +796,9 @@ class Lane:
         h.key = key
         h.dummy = True
         h.lane = self
+        if sig[-1] == K.DEVICE and tensor is not None:
+            h.tensor = self._devices().cupy.asarray(tensor)
+            h.device = True
         if dt is not None:
             h.mpi_type = mpi_type(dt)
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
@@ -867,7 +877,25 @@ class Lane:
         if self._nwaiters:
             self._notify()
 
+    def _devices(self) -> Any:
+        """The lane's device executor (collective on first use: every member gets here in the agreed order)."""
+        ops = self._device_ops
+        if ops is None:
+            from .nccl import DeviceOps
+            ops = self._device_ops = DeviceOps(self, self._gpu_operations, bool(self._hierarchical))
+        return ops
+
+    def _run_host(self, h: Handle) -> None:
+        """Run one request with the host code (device requests staged through host memory come here)."""
+        if h.kind == K.ALLREDUCE:
+            self._allreduce_one(h, None)
+        else:
+            self._run_other([h], None)
+
     def _allreduce_one(self, h: Handle, tl: Optional[Timeline]) -> None:
+        if h.device:
+            self._devices().allreduce([h], h.tensor.nbytes)
+            return
         a = h.tensor
         t0 = _perf() if tl is not None else 0.0
         out = h.output
@@ -921,6 +949,9 @@ class Lane:
 
     def _allreduce_fused(self, group: list[Handle], nbytes: int, tl: Optional[Timeline]) -> None:
         first = group[0]
+        if first.device:                         # fuse keys keep device and host requests apart
+            self._devices().allreduce(group, nbytes)
+            return
         dtype = first.tensor.dtype
         all_in_place = all(h.output is h.tensor for h in group)
         t0 = _perf()
@@ -970,11 +1001,17 @@ class Lane:
             tl.spans(names, MEMCPY_OUT, t2, t3)
 
     def _run_other(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
-        gathers = [h for h in hs if h.kind == K.ALLGATHER]
+        gathers = [h for h in hs if h.kind == K.ALLGATHER and not h.device]
         if gathers:
             self._allgather(gathers, tl)
         for h in hs:
             kind = h.kind
+            if h.device:
+                if kind == K.BROADCAST:
+                    self._devices().broadcast(h)
+                else:
+                    self._devices().staged(h)
+                continue
             if kind == K.ALLGATHER:
                 continue
             t0 = _perf()

@@ -64,6 +64,15 @@ def _probe_now() -> tuple[Any, Any, str]:
     return cupy, nccl, ""
 
 
+def device_count() -> int:
+    """GPUs CuPy can see (0 without CuPy or without a driver)."""
+    cupy = probe()[0]
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount()) if cupy is not None else 0
+    except Exception:
+        return 0
+
+
 def nccl_available() -> bool:
     """Whether device collectives can run over NCCL on this rank."""
     return probe()[1] is not None

@@ -16,6 +16,9 @@ REDUCESCATTER = 5
 BARRIER = 6
 JOIN = 7
 
+# Last element of a device request's signature: host and device requests never match or fuse together.
+DEVICE = "cuda"
+
 KIND_NAMES = {
     ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast", ALLTOALL: "alltoall",
     REDUCESCATTER: "reducescatter", BARRIER: "barrier", JOIN: "join",
@@ -47,6 +50,8 @@ class Handle:
     finish: Optional[Callable[[Any], Any]] = None   # post-processing run by synchronize()
     dummy = False              # a joined rank's stand-in contribution
     unnamed = False            # named by the engine: cached by signature and position, not by name
+    device = False             # tensor/output are CuPy arrays in GPU memory (runtime/nccl.py runs it)
+    stream = 0                 # the CUDA stream current when a device request was submitted
 
     def __init__(self, name: str, kind: int, sig: tuple, tensor: Optional[np.ndarray],
                  output: Optional[np.ndarray] = None, unnamed: bool = False) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import hpcvod.runtime as rt
+from hpcvod.runtime import gpu
 from hpcvod.frameworks._common import HandleTable, resolve_op, set_rank_size
 from hpcvod.frameworks.torch.compression import Compression, Compressor
 
@@ -32,14 +33,26 @@ def _as_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
     if t.device.type == "cpu" and t.dtype != torch.bfloat16 and t.is_contiguous() and not t.is_conj() \
             and not t.is_neg():
         return t.numpy(), None
+    if t.device.type == "cuda" and t.dtype != torch.bfloat16 and t.is_contiguous() and _device_path():
+        return t, None   # the runtime takes it through DLPack (no copy) and runs it on NCCL (runtime/nccl.py)
     staged = t.to(device="cpu", dtype=torch.float32 if t.dtype == torch.bfloat16 else t.dtype,
                   memory_format=torch.contiguous_format, copy=True).resolve_conj().resolve_neg()
     return staged.numpy(), staged
 
 
-def _to_torch(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """Wraps a runtime result as a tensor (no copy on CPU) with ``like``'s dtype and device."""
-    out = torch.from_numpy(np.ascontiguousarray(array))
+def _device_path() -> bool:
+    """CUDA tensors go to the runtime as they are when CuPy can view them (else: a CPU staging copy)."""
+    return gpu.probe()[0] is not None
+
+
+def _to_torch(array: Any, like: torch.Tensor) -> torch.Tensor:
+    """Wraps a runtime result as a tensor (no copy on CPU or GPU) with ``like``'s dtype and device."""
+    if isinstance(array, torch.Tensor):
+        out = array
+    elif isinstance(array, np.ndarray):
+        out = torch.from_numpy(np.ascontiguousarray(array))
+    else:                               # a CuPy array from the device path
+        out = torch.from_dlpack(array)
     if out.dtype != like.dtype or out.device != like.device:
         out = out.to(device=like.device, dtype=like.dtype)
     return out

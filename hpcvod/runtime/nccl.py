@@ -1,0 +1,262 @@
+"""Device (GPU) collectives of one lane: NCCL through CuPy, or MPI through host memory.
+
+The engine negotiates device requests exactly like host ones (by name, response cache, mismatch errors); only
+the execution differs. A lane's :class:`DeviceOps` is made on its first device collective, which every member
+reaches at the same point of the agreed order, so the collective set-up below is safe:
+
+* **Backend choice** (``HPCVOD_GPU_OPERATIONS``): ``nccl`` or ``auto`` use NCCL when CuPy, NCCL and a GPU are
+  present on every member and no two members of a node share a GPU (NCCL refuses that); otherwise, and with
+  ``mpi``, device buffers are staged through host memory and reduced by MPI. ``nccl`` that cannot be honoured
+  fails with a message saying why; ``auto`` falls back and says so once, on the set's first rank.
+* **Communicators** are bootstrapped over the lane's MPI communicator (rank 0's ``ncclGetUniqueId`` broadcast),
+  one per process set; with ``HPCVOD_HIERARCHICAL_ALLREDUCE=1`` on several nodes also a node-local and a
+  cross-node one, and allreduces run :func:`~hpcvod.runtime.hierarchical.hierarchical_allreduce` over them.
+* **Streams.** Each request is enqueued on the stream that was current in the submitting thread (recorded at
+  submit time: torch's or CuPy's current stream), so it is ordered after the kernels that produced the tensor;
+  the lane waits for completion before the handle is done, so ``synchronize()`` returns a finished result.
+* **Fusion.** Device allreduces of one dtype/op are packed with one ``cupy.concatenate`` into a device fusion
+  buffer (up to ``HPCVOD_FUSION_THRESHOLD``), reduced with one NCCL call and unpacked, like the host path.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import numpy as np
+
+from . import gpu
+from .errors import HpcvodConfigError, HpcvodError
+from .hierarchical import Topology, hierarchical_allreduce
+
+# Horovod op numbers (engine.py) -> NCCL op names; Average is Sum followed by the postscale.
+_NCCL_OPS = {0: "NCCL_SUM", 1: "NCCL_SUM", 3: "NCCL_MIN", 4: "NCCL_MAX", 5: "NCCL_PROD"}
+_NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16",
+               "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8"}
+
+
+def current_stream_ptr() -> int:
+    """The CUDA stream current in this thread: torch's if torch is in use, else CuPy's (0 = legacy default)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_stream().cuda_stream)
+        except Exception:
+            pass
+    cupy = gpu.probe()[0]
+    return int(cupy.cuda.get_current_stream().ptr) if cupy is not None else 0
+
+
+def choose_backend(mode: str, comm: Any) -> tuple[str, str]:
+    """("nccl" | "mpi", why not NCCL) agreed by every member of ``comm`` (collective)."""
+    cupy, nccl, why = gpu.probe()
+    bus_id = ""
+    if nccl is not None:
+        try:
+            bus_id = cupy.cuda.Device().pci_bus_id
+        except Exception as exc:       # a driver that cannot name the device: treat as unusable
+            nccl, why = None, f"cannot identify this rank's GPU ({exc})"
+    from .world import hostname
+    everyone = comm.allgather((nccl is not None, why, hostname(), bus_id))
+    problem = next((f"rank {r}: {w}" for r, (ok, w, _, _) in enumerate(everyone) if not ok), "")
+    if not problem:
+        seen: dict[tuple[str, str], int] = {}
+        for r, (_, _, host, bus) in enumerate(everyone):
+            if (host, bus) in seen:
+                problem = (f"ranks {seen[(host, bus)]} and {r} share GPU {bus} on {host} (NCCL needs one GPU per "
+                           f"rank; give each rank its own GPU or set HPCVOD_GPU_OPERATIONS=mpi)")
+                break
+            seen[(host, bus)] = r
+    if not problem:
+        return "nccl", ""
+    if mode == "nccl":
+        raise HpcvodConfigError(f"HPCVOD_GPU_OPERATIONS=nccl, but NCCL cannot be used: {problem}")
+    return "mpi", problem
+
+
+class DeviceOps:
+    """Runs one lane's device requests (see the module docstring)."""
+
+    def __init__(self, lane: Any, mode: str, hierarchical: bool) -> None:
+        self.lane = lane
+        self.backend, why = choose_backend(mode, lane.comm)
+        if why and mode == "auto" and lane.rank == 0:
+            print(f"hpcvod: process set {lane.set_id}: device tensors are staged through host memory and reduced "
+                  f"by MPI ({why})", file=sys.stderr, flush=True)
+        self.cupy = gpu.probe()[0]
+        self._nccl_mod = gpu.probe()[1]
+        self._comm: Any = None
+        self._topology: Optional[Topology] = None
+        self._local: Any = None
+        self._cross: Any = None
+        self._hierarchical = hierarchical and self.backend == "nccl"
+        self._fusion: Any = None
+
+    # ------------------------------------------------------------------------------ communicators
+    def _nccl_comm_over(self, mpi_comm: Any) -> Any:
+        nccl = self._nccl_mod
+        uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+
+    @property
+    def comm(self) -> Any:
+        if self._comm is None:
+            self._comm = self._nccl_comm_over(self.lane.comm)
+            if self._hierarchical:
+                topo = Topology(self.lane.comm)
+                if topo.usable:
+                    self._topology = topo
+                    self._local = self._nccl_comm_over(topo.local)
+                    self._cross = self._nccl_comm_over(topo.cross)
+                else:
+                    topo.free()
+                    self._hierarchical = False
+        return self._comm
+
+    def close(self) -> None:
+        for c in (self._comm, self._local, self._cross):
+            if c is not None:
+                try:
+                    c.destroy()
+                except Exception:
+                    pass
+        if self._topology is not None:
+            self._topology.free()
+        self._comm = self._local = self._cross = self._topology = None
+
+    # ----------------------------------------------------------------------------------- helpers
+    def _types(self, dtype: np.dtype, op: int) -> tuple[int, int]:
+        nccl = self._nccl_mod
+        t = _NCCL_TYPES.get(dtype.name)
+        if t is None:
+            raise HpcvodError(f"NCCL cannot reduce dtype {dtype}; use HPCVOD_GPU_OPERATIONS=mpi for it")
+        if dtype == np.bool_:
+            op = 4 if op in (1, 4) else 3          # or = max, and = min on 0/1 bytes
+        return getattr(nccl, t), getattr(nccl, _NCCL_OPS[op])
+
+    def _finish(self, stream: int) -> None:
+        """Wait for the work enqueued on ``stream`` (the handle is done only when its result is)."""
+        self.cupy.cuda.ExternalStream(stream).synchronize() if stream else self.cupy.cuda.Stream.null.synchronize()
+
+    # ------------------------------------------------------------------------------- allreduce
+    def allreduce(self, group: list[Any], nbytes: int) -> None:
+        """One request or a fused group (same dtype, op and scaling): reduce in place or into new arrays."""
+        if self.backend == "mpi":
+            for h in group:
+                self.staged(h)
+            return
+        cp = self.cupy
+        first = group[0]
+        stream = first.stream
+        with cp.cuda.ExternalStream(stream) if stream else cp.cuda.Stream.null:
+            if len(group) == 1 and first.output is first.tensor:
+                flat = first.tensor.reshape(-1)
+            else:
+                flat = self._flat(nbytes, first.tensor.dtype, all(h.output is h.tensor for h in group))
+                cp.concatenate([h.tensor.reshape(-1) for h in group], out=flat)
+            if first.prescale != 1.0:
+                cp.multiply(flat, first.prescale, out=flat, casting="unsafe")
+            self._allreduce_flat(flat, first.sig[3], stream)
+            if first.postscale != 1.0:
+                cp.multiply(flat, first.postscale, out=flat, casting="unsafe")
+            offset = 0
+            for h in group:
+                n = h.tensor.size
+                piece = flat[offset:offset + n].reshape(h.tensor.shape)
+                offset += n
+                out = h.output
+                if out is None:
+                    h.result = piece                  # a view into a fresh block (never the fusion buffer)
+                else:
+                    if out.data.ptr != piece.data.ptr:
+                        out[...] = piece
+                    h.result = out
+        self._finish(stream)
+        for h in group:
+            h.done = True
+
+    def _flat(self, nbytes: int, dtype: np.dtype, in_place: bool) -> Any:
+        """Where a fused group is reduced: the reusable device fusion buffer for in-place groups, else a new
+        block whose slices become the results (no copy-out)."""
+        cp = self.cupy
+        if not in_place:
+            return cp.empty(nbytes // dtype.itemsize, dtype)
+        if self._fusion is None or self._fusion.nbytes < nbytes:
+            self._fusion = cp.empty(max(nbytes, 1), np.uint8)
+        return self._fusion[:nbytes].view(dtype)
+
+    def _allreduce_flat(self, flat: Any, op: int, stream: int) -> None:
+        dtype, nccl_op = self._types(flat.dtype, op)
+        comm = self.comm                                   # made first: it decides whether hierarchy helps
+        if self._hierarchical and flat.size >= self.lane.size:
+            hierarchical_allreduce(flat, nccl_op, self._local, self._topology.local_size, self._cross, comm,
+                                   _NcclPrimitives(self.cupy, dtype, stream))
+            return
+        comm.allReduce(flat.data.ptr, flat.data.ptr, flat.size, dtype, nccl_op, stream)
+
+    # ------------------------------------------------------------------------------- broadcast
+    def broadcast(self, h: Any) -> None:
+        if self.backend == "mpi":
+            self.staged(h)
+            return
+        cp = self.cupy
+        nccl = self._nccl_mod
+        a = h.tensor
+        with cp.cuda.ExternalStream(h.stream) if h.stream else cp.cuda.Stream.null:
+            target = a if h.output is a else (a.copy() if self.lane.rank == h.root else cp.empty_like(a))
+        # bytes: every dtype (bool, complex, int16...) broadcasts the same way
+        self.comm.bcast(target.data.ptr, target.nbytes, nccl.NCCL_UINT8, h.root, h.stream)
+        self._finish(h.stream)
+        h.result = target
+        h.done = True
+
+    # ------------------------------------------------------------------------------- staging
+    def staged(self, h: Any) -> None:
+        """Any device request through host memory: copy in, run the lane's host code, copy the result back."""
+        cp = self.cupy
+        device_tensor, device_out = h.tensor, h.output
+        in_place = device_out is device_tensor
+        h.tensor = cp.asnumpy(device_tensor)
+        h.output = h.tensor if in_place else None
+        h.device = False
+        try:
+            self.lane._run_host(h)
+        finally:
+            h.device = True
+        result = h.result
+        if isinstance(result, tuple):                     # alltoall with splits: (array, received splits)
+            h.result = (cp.asarray(result[0]),) + tuple(result[1:])
+        elif isinstance(result, np.ndarray):
+            if in_place:
+                device_tensor.set(result)
+                h.result = device_tensor
+            elif device_out is not None:
+                device_out.set(result)
+                h.result = device_out
+            else:
+                h.result = cp.asarray(result)
+        h.tensor, h.output = device_tensor, device_out
+        h.done = True
+
+
+class _NcclPrimitives:
+    """hierarchical.Primitives over NCCL communicators and CuPy arrays (one dtype and stream)."""
+
+    def __init__(self, cupy: Any, nccl_dtype: int, stream: int) -> None:
+        self.cp, self.t, self.stream = cupy, nccl_dtype, stream
+
+    def empty(self, count: int, like: Any) -> Any:
+        return self.cp.empty(count, like.dtype)
+
+    def reduce_scatter_block(self, comm: Any, send: Any, recv: Any, op: Any) -> None:
+        comm.reduceScatter(send.data.ptr, recv.data.ptr, recv.size, self.t, op, self.stream)
+
+    def allreduce_in_place(self, comm: Any, buf: Any, op: Any) -> None:
+        comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.t, op, self.stream)
+
+    def allgather_block(self, comm: Any, send: Any, recv: Any) -> None:
+        comm.allGather(send.data.ptr, recv.data.ptr, send.size, self.t, self.stream)
+
