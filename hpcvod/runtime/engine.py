@@ -797,7 +797,9 @@ class Lane:
         h.dummy = True
         h.lane = self
         if sig[-1] == K.DEVICE and tensor is not None:
-            h.tensor = self._devices().cupy.asarray(tensor)
+            # not through _devices(): making it is collective, and the others make it later, in _execute
+            from .gpu import probe
+            h.tensor = probe()[0].asarray(tensor)
             h.device = True
         if dt is not None:
             h.mpi_type = mpi_type(dt)

@@ -20,6 +20,7 @@ reaches at the same point of the agreed order, so the collective set-up below is
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any, Optional
 
@@ -139,7 +140,8 @@ class DeviceOps:
 
     def _finish(self, stream: int) -> None:
         """Wait for the work enqueued on ``stream`` (the handle is done only when its result is)."""
-        self.cupy.cuda.ExternalStream(stream).synchronize() if stream else self.cupy.cuda.Stream.null.synchronize()
+        cuda = self.cupy.cuda
+        (cuda.ExternalStream(stream) if stream else cuda.Stream.null).synchronize()
 
     # ------------------------------------------------------------------------------- allreduce
     def allreduce(self, group: list[Any], nbytes: int) -> None:
@@ -215,30 +217,33 @@ class DeviceOps:
 
     # ------------------------------------------------------------------------------- staging
     def staged(self, h: Any) -> None:
-        """Any device request through host memory: copy in, run the lane's host code, copy the result back."""
+        """Any device request through host memory: copy in, run the lane's host code, copy the result back.
+
+        The host code runs on a private copy of the handle, so ``h`` is marked done only once its result is
+        back in device memory (a waiter polls ``h.done`` without the lock).
+        """
         cp = self.cupy
-        device_tensor, device_out = h.tensor, h.output
-        in_place = device_out is device_tensor
-        h.tensor = cp.asnumpy(device_tensor)
-        h.output = h.tensor if in_place else None
-        h.device = False
-        try:
-            self.lane._run_host(h)
-        finally:
-            h.device = True
-        result = h.result
+        in_place = h.output is h.tensor
+        proxy = copy.copy(h)
+        proxy.tensor = cp.asnumpy(h.tensor)
+        proxy.output = proxy.tensor if in_place else None
+        proxy.device = False
+        proxy.done = False
+        self.lane._run_host(proxy)
+        if proxy.error is not None:
+            h.error = proxy.error
+        result = proxy.result
         if isinstance(result, tuple):                     # alltoall with splits: (array, received splits)
             h.result = (cp.asarray(result[0]),) + tuple(result[1:])
         elif isinstance(result, np.ndarray):
-            if in_place:
-                device_tensor.set(result)
-                h.result = device_tensor
-            elif device_out is not None:
-                device_out.set(result)
-                h.result = device_out
+            target = h.tensor if in_place else h.output
+            if target is not None:
+                target.set(result)
+                h.result = target
             else:
                 h.result = cp.asarray(result)
-        h.tensor, h.output = device_tensor, device_out
+        else:
+            h.result = result
         h.done = True
 
 

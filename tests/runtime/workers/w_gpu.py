@@ -4,7 +4,6 @@ Needs CuPy with a GPU. Every rank prints "GPU OK <backend> <n> checks" at the en
 With several ranks on one GPU, NCCL cannot be used: auto falls back to MPI staging (that is checked too).
 """
 
-import os
 import sys
 
 import cupy as cp

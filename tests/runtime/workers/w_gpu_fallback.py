@@ -4,7 +4,6 @@ Run as a singleton (no launcher). Prints one "GPU FALLBACK {json}" line.
 """
 
 import json
-import os
 
 import numpy as np
 
