@@ -13,27 +13,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import cupy as cp
 from cupy.cuda import nccl
 from mpi4py import MPI
 
 import hpcvod.runtime as hvd
+from bench_allreduce import timed as host_timed   # benchmarks/ is the script's folder: on sys.path
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 
 
 def timed(comm: MPI.Comm, fn, iterations: int) -> float:
+    """bench_allreduce's timer after one warm-up call (every fn here synchronises its stream itself)."""
     fn()
-    cp.cuda.Stream.null.synchronize()
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        fn()
-    elapsed = time.perf_counter() - start
-    return comm.allreduce(elapsed, op=MPI.MAX) / iterations
+    return host_timed(comm, fn, iterations)
 
 
 def main() -> None:
