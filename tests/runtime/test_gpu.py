@@ -8,12 +8,16 @@ without one): NCCL collectives on CuPy arrays and torch CUDA tensors, 1 rank and
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpcvod.runtime import gpu
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Dlpack:
@@ -95,3 +99,36 @@ def test_two_ranks_sharing_one_gpu_go_through_mpi(mpich, mode: str) -> None:
     assert len(re.findall(r"GPU OK mpi \d+ checks", run.stdout)) == 2, run.explain()
     if mode == "auto":
         assert "share GPU" in run.stderr, run.explain()
+
+
+# ---- the device path on CPU, through a stand-in for CuPy and NCCL (tests/runtime/cpu_cupy/README.md) ----------
+STAND_IN = Path(__file__).resolve().parent / "cpu_cupy"
+
+
+def _stand_in_env(**extra: str) -> dict[str, str]:
+    return {"PYTHONPATH": f"{STAND_IN}{os.pathsep}{ROOT}", **extra}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_device_path_runs_end_to_end_on_the_cpu_stand_in(mpich, ranks: int) -> None:
+    """Routing, negotiation, device fusion buffer, NCCL calls (as MPI), broadcast, host copies, mismatches."""
+    run = mpich.run(ranks, "w_gpu.py", env=_stand_in_env(), timeout=180)
+    assert run.returncode == 0, run.explain()
+    assert len(re.findall(r"GPU OK nccl \d+ checks", run.stdout)) == ranks, run.explain()
+
+
+@pytest.mark.parametrize("mode", ["auto", "mpi"])
+def test_ranks_sharing_a_gpu_are_staged_through_mpi_on_the_cpu_stand_in(mpich, mode: str) -> None:
+    run = mpich.run(2, "w_gpu.py", env=_stand_in_env(HPCVOD_GPU_OPERATIONS=mode, CPU_CUPY_SHARED_GPU="1"),
+                    timeout=180)
+    assert run.returncode == 0, run.explain()
+    assert len(re.findall(r"GPU OK mpi \d+ checks", run.stdout)) == 2, run.explain()
+    assert ("share GPU" in run.stderr) == (mode == "auto"), run.explain()
+
+
+def test_nccl_forced_where_ranks_share_a_gpu_fails_naming_them(mpich) -> None:
+    run = mpich.run(2, "w_gpu.py", env=_stand_in_env(HPCVOD_GPU_OPERATIONS="nccl", CPU_CUPY_SHARED_GPU="1"),
+                    timeout=180)
+    assert run.returncode != 0, run.explain()
+    assert "HPCVOD_GPU_OPERATIONS=nccl, but NCCL cannot be used: ranks 0 and 1 share GPU" in run.stderr, \
+        run.explain()

@@ -53,6 +53,15 @@ same("broadcast", hvd.broadcast(cp.arange(10) * (rank + 1), root_rank=0, name="b
 # allgather of device memory takes a host copy (documented)
 same("allgather", hvd.allgather(cp.full((2, 2), rank, cp.float32), name="ag"),
      np.repeat(np.arange(size), 2)[:, None] * np.ones((1, 2)))
+# a device tensor on one rank and a host array on another under the same name: a mismatch on every rank
+if size > 1:
+    mixed = cp.ones(8, cp.float32) if rank == 0 else np.ones(8, np.float32)
+    try:
+        hvd.allreduce(mixed, name="mixed")
+        raise AssertionError(f"rank {rank}: device/host mix was not refused")
+    except hvd.HpcvodMismatchError as exc:
+        assert "device=cuda" in str(exc), exc
+        checks += 1
 # torch CUDA tensors: zero-copy through DLPack, a DistributedOptimizer step keeps ranks identical
 if "--torch" in sys.argv:
     import torch

@@ -1,0 +1,5 @@
+"""cupy.cuda.runtime for the CPU stand-in."""
+
+
+def getDeviceCount() -> int:
+    return 1
