@@ -132,3 +132,11 @@ def test_nccl_forced_where_ranks_share_a_gpu_fails_naming_them(mpich) -> None:
     assert run.returncode != 0, run.explain()
     assert "HPCVOD_GPU_OPERATIONS=nccl, but NCCL cannot be used: ranks 0 and 1 share GPU" in run.stderr, \
         run.explain()
+
+
+def test_hierarchical_allreduce_over_the_nccl_primitives_on_the_cpu_stand_in(mpich) -> None:
+    """runtime/nccl.py's reduce-scatter / allreduce / allgather calls (pointers, counts) in the hierarchical
+    algorithm, 4 ranks as two "nodes" two ways, against a flat MPI Allreduce."""
+    run = mpich.run(4, "w_hierarchical.py", "--nccl", env=_stand_in_env(), timeout=180)
+    assert run.returncode == 0, run.explain()
+    assert "HIERARCHICAL OK 448" in run.stdout, run.explain()
