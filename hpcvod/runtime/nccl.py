@@ -27,11 +27,12 @@ from typing import Any, Optional
 import numpy as np
 
 from . import gpu
+from .engine import AVERAGE, MAX, MIN, PRODUCT, SUM
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
 
-# Horovod op numbers (engine.py) -> NCCL op names; Average is Sum followed by the postscale.
-_NCCL_OPS = {0: "NCCL_SUM", 1: "NCCL_SUM", 3: "NCCL_MIN", 4: "NCCL_MAX", 5: "NCCL_PROD"}
+# Horovod's ops -> NCCL op names; Average is Sum followed by the postscale.
+_NCCL_OPS = {AVERAGE: "NCCL_SUM", SUM: "NCCL_SUM", MIN: "NCCL_MIN", MAX: "NCCL_MAX", PRODUCT: "NCCL_PROD"}
 _NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
                "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16",
                "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8"}
@@ -135,13 +136,17 @@ class DeviceOps:
         if t is None:
             raise HpcvodError(f"NCCL cannot reduce dtype {dtype}; use HPCVOD_GPU_OPERATIONS=mpi for it")
         if dtype == np.bool_:
-            op = 4 if op in (1, 4) else 3          # or = max, and = min on 0/1 bytes
+            op = MAX if op in (SUM, MAX) else MIN  # or = max, and = min on 0/1 bytes
         return getattr(nccl, t), getattr(nccl, _NCCL_OPS[op])
+
+    def _stream(self, ptr: int) -> Any:
+        """The CuPy stream object of a recorded stream pointer (0: the legacy default stream)."""
+        cuda = self.cupy.cuda
+        return cuda.ExternalStream(ptr) if ptr else cuda.Stream.null
 
     def _finish(self, stream: int) -> None:
         """Wait for the work enqueued on ``stream`` (the handle is done only when its result is)."""
-        cuda = self.cupy.cuda
-        (cuda.ExternalStream(stream) if stream else cuda.Stream.null).synchronize()
+        self._stream(stream).synchronize()
 
     # ------------------------------------------------------------------------------- allreduce
     def allreduce(self, group: list[Any], nbytes: int) -> None:
@@ -153,7 +158,7 @@ class DeviceOps:
         cp = self.cupy
         first = group[0]
         stream = first.stream
-        with cp.cuda.ExternalStream(stream) if stream else cp.cuda.Stream.null:
+        with self._stream(stream):
             if len(group) == 1 and first.output is first.tensor:
                 flat = first.tensor.reshape(-1)
             else:
@@ -207,7 +212,7 @@ class DeviceOps:
         cp = self.cupy
         nccl = self._nccl_mod
         a = h.tensor
-        with cp.cuda.ExternalStream(h.stream) if h.stream else cp.cuda.Stream.null:
+        with self._stream(h.stream):
             target = a if h.output is a else (a.copy() if self.lane.rank == h.root else cp.empty_like(a))
         # bytes: every dtype (bool, complex, int16...) broadcasts the same way
         self.comm.bcast(target.data.ptr, target.nbytes, nccl.NCCL_UINT8, h.root, h.stream)

@@ -47,9 +47,7 @@ def _device_path() -> bool:
 
 def _to_torch(array: Any, like: torch.Tensor) -> torch.Tensor:
     """Wraps a runtime result as a tensor (no copy on CPU or GPU) with ``like``'s dtype and device."""
-    if isinstance(array, torch.Tensor):
-        out = array
-    elif isinstance(array, np.ndarray):
+    if isinstance(array, np.ndarray):
         out = torch.from_numpy(np.ascontiguousarray(array))
     else:                               # a CuPy array from the device path
         out = torch.from_dlpack(array)
