@@ -15,7 +15,9 @@ the state is a dict of NumPy arrays (anything ``np.asarray`` takes: CPU tensors 
     while state["step"] < total_steps:
         ...one step from data position (state["epoch"], state["batch"])...
         state["step"] += 1
-        stop = ckpt.stop_requested()         # every rank; True everywhere if any rank got SIGUSR1/SIGTERM
+        # every rank; True everywhere if any rank got SIGUSR1/SIGTERM. Not after the last step: a stop there
+        # would requeue a job with nothing left to do.
+        stop = state["step"] < total_steps and ckpt.stop_requested()
         if stop or state["step"] % 100 == 0:
             ckpt.save(state)                 # every rank calls it; rank 0 writes
         if stop:

@@ -80,7 +80,7 @@ def main() -> int:
             log.write(f"{run} {state['step']}\n")
             log.flush()
         time.sleep(args.sleep)
-        stop = ckpt.stop_requested()
+        stop = state["step"] < args.steps and ckpt.stop_requested()   # done: finish, do not requeue
         if stop or (args.checkpoint_every and state["step"] % args.checkpoint_every == 0):
             ckpt.save(state)
         if stop:
