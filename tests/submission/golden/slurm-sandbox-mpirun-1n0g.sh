@@ -25,7 +25,8 @@ trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
 
 # environment: site profile
 export NCCL_IB_DISABLE=1
-export UCX_TLS=tcp,self,sm
+export MPIR_CVAR_CH4_NETMOD=ofi
+export FI_PROVIDER=tcp
 
 # environment: hpcvod (docs/contract.md)
 export HPCVOD_SITE=slurm-sandbox-mpirun
