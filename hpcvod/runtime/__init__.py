@@ -20,6 +20,8 @@ from .process_sets import ProcessSet, global_process_set
 def __getattr__(name: str):  # the collectives import mpi4py.MPI (which initialises MPI): load them lazily
     if name not in _COLLECTIVES:
         raise AttributeError(f"module 'hpcvod.runtime' has no attribute {name!r}")
+    from .mpi_start import start_mpi
+    start_mpi()              # MPI_Init under HPCVOD_INIT_TIMEOUT, when it comes before hvd.init()
     from . import collectives
     value = getattr(collectives, name)
     globals()[name] = value

@@ -86,6 +86,7 @@ class Settings:
     gpu_operations: str = "auto"
     watchdog: bool = True
     heartbeat_timeout_seconds: float = 30.0
+    init_timeout_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
@@ -113,4 +114,6 @@ class Settings:
             watchdog=_parse("WATCHDOG", d.watchdog, _bool, "0 or 1", env),
             heartbeat_timeout_seconds=_parse("HEARTBEAT_TIMEOUT_SECONDS", d.heartbeat_timeout_seconds,
                                              _non_negative_float, "a non-negative number of seconds", env),
+            init_timeout_seconds=_parse("INIT_TIMEOUT", d.init_timeout_seconds, _non_negative_float,
+                                        "a non-negative number of seconds (0 = wait for ever)", env),
         )

@@ -13,6 +13,7 @@ from . import gpu
 from .config import Settings
 from .errors import (HpcvodError, HpcvodInputError, HpcvodNotInitializedError, HpcvodRankFailureError,
                      HpcvodStallError)
+from .mpi_start import start_mpi
 from .process_sets import ProcessSet, global_process_set
 from .world import WorldInfo, check_world_size, hostname
 
@@ -76,7 +77,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
     if _rt is not None:
         return
     settings = Settings.from_env()
-    from mpi4py import MPI
+    MPI = start_mpi(settings.init_timeout_seconds)
 
     from .engine import Lane
     from .timeline import open_timeline

@@ -27,6 +27,7 @@ def test_settings_defaults_match_the_contract() -> None:
     assert s.stall_check_time_seconds == 60.0
     assert s.stall_shutdown_time_seconds == 0.0
     assert s.hierarchical_allreduce is False
+    assert s.init_timeout_seconds == 300.0
 
 
 def test_settings_accept_horovod_names_and_prefer_hpcvod() -> None:
@@ -40,7 +41,8 @@ def test_settings_accept_horovod_names_and_prefer_hpcvod() -> None:
 
 @pytest.mark.parametrize("var, value", [("HPCVOD_FUSION_THRESHOLD", "lots"), ("HOROVOD_CACHE_CAPACITY", "-1"),
                                         ("HPCVOD_STALL_CHECK_TIME_SECONDS", "nan"),
-                                        ("HPCVOD_GPU_OPERATIONS", "gloo"), ("HPCVOD_HIERARCHICAL_ALLREDUCE", "maybe")])
+                                        ("HPCVOD_GPU_OPERATIONS", "gloo"), ("HPCVOD_HIERARCHICAL_ALLREDUCE", "maybe"),
+                                        ("HPCVOD_INIT_TIMEOUT", "-5")])
 def test_bad_settings_name_the_variable(var: str, value: str) -> None:
     with pytest.raises(errors.HpcvodConfigError) as err:
         Settings.from_env({var: value})

@@ -1,0 +1,76 @@
+"""Starting MPI with a deadline: ``from mpi4py import MPI`` runs MPI_Init, which can hang for ever.
+
+A PMI service that never answers, a business-card exchange cut short (docs/sites.md has one seen on Slurm), a
+rank that never started: MPI_Init then blocks inside C with the GIL held, so no Python thread or signal
+handler of the rank can notice, and on a cluster the job holds its nodes until the time limit with nothing in
+its log. A small watcher process, started just before MPI_Init, ends the rank with one line when MPI_Init has
+not returned after ``HPCVOD_INIT_TIMEOUT`` seconds (0: wait for ever); it leaves as soon as its pipe closes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import ModuleType
+from typing import Mapping, Optional
+
+from .config import Settings
+from .world import hostname
+
+# The watcher: stdlib only, started with -I -S so that it starts in milliseconds whatever the environment.
+# select() returns on EOF, i.e. when the rank closes the pipe (MPI_Init returned) or exits.
+_WATCHER = r"""
+import os, select, signal, sys, time
+pid, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if select.select([0], [], [], timeout)[0]:
+    sys.exit(0)
+sys.stderr.write(message + "\n")
+sys.stderr.flush()
+for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        sys.exit(0)
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        if select.select([0], [], [], 0.1)[0]:
+            sys.exit(0)
+"""
+
+# Where each launcher puts this process's rank before MPI_Init (for the message only).
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank(env: Optional[Mapping[str, str]] = None) -> str:
+    """This process's rank as the launcher announced it, or "?" when none did."""
+    env = os.environ if env is None else env
+    return next((env[var] for var in _RANK_VARS if env.get(var, "").strip()), "?")
+
+
+def start_mpi(timeout: Optional[float] = None) -> ModuleType:
+    """``mpi4py.MPI``, running MPI_Init under a deadline of ``timeout`` seconds if MPI is not started yet.
+
+    ``timeout`` defaults to ``HPCVOD_INIT_TIMEOUT``; 0 waits for ever. When it passes, the rank prints one
+    line to stderr and is terminated (SIGTERM, then SIGKILL after 5 s).
+    """
+    started = sys.modules.get("mpi4py.MPI")
+    if started is not None:
+        return started
+    if timeout is None:
+        timeout = Settings.from_env().init_timeout_seconds
+    if timeout <= 0 or not sys.executable:
+        from mpi4py import MPI
+        return MPI
+    message = (f"hpcvod: rank {launcher_rank()} on {hostname()}: MPI_Init has not returned after {timeout:g} s, "
+               f"so this rank stops; the launcher's PMI/PMIx service or the network between the ranks did not "
+               f"answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` plugin, a rank "
+               f"that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever")
+    watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), str(timeout), message],
+                               stdin=subprocess.PIPE, close_fds=True)
+    try:
+        from mpi4py import MPI
+    finally:
+        watcher.stdin.close()   # EOF: the watcher leaves at once
+        watcher.wait()
+    return MPI
