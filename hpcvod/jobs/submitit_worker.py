@@ -12,21 +12,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Mapping
 
 from submitit.core import utils
 
-# The rank as the launcher tells it: MPI's own variables first (under `mpirun` inside Slurm, SLURM_PROCID is 0
-# on every rank of the batch step).
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+from hpcvod.runtime.world import launcher_rank
+
 WAIT_SECONDS = 120  # for job.json and the pickle: the submitter writes them right after the scheduler said yes
-
-
-def rank_of(environ: Mapping[str, str]) -> int:
-    for name in RANK_VARIABLES:
-        if environ.get(name, "").isdigit():
-            return int(environ[name])
-    return 0
 
 
 def _wait_for(path: Path) -> None:
@@ -41,7 +32,7 @@ def main() -> int:
     job_dir = Path(os.environ["HPCVOD_JOB_DIR"])
     _wait_for(job_dir / "job.json")
     job_id = json.loads((job_dir / "job.json").read_text())["job_id"]
-    paths = utils.JobPaths(job_dir, job_id=job_id, task_id=rank_of(os.environ))
+    paths = utils.JobPaths(job_dir, job_id=job_id, task_id=launcher_rank() or 0)
     _wait_for(paths.submitted_pickle)
     delayed = utils.DelayedSubmission.load(paths.submitted_pickle)
     try:

@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 from types import ModuleType
-from typing import Mapping, Optional
+from typing import Optional
 
 from .config import Settings
-from .world import hostname
+from .world import hostname, launcher_rank
 
 # The watcher: stdlib only, started with -I -S so that it starts in milliseconds whatever the environment.
 # select() returns on EOF, i.e. when the rank closes the pipe (MPI_Init returned) or exits.
@@ -38,16 +38,6 @@ for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
             sys.exit(0)
 """
 
-# Where each launcher puts this process's rank before MPI_Init (for the message only).
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def launcher_rank(env: Optional[Mapping[str, str]] = None) -> str:
-    """This process's rank as the launcher announced it, or "?" when none did."""
-    env = os.environ if env is None else env
-    return next((env[var] for var in _RANK_VARS if env.get(var, "").strip()), "?")
-
-
 def start_mpi(timeout: Optional[float] = None) -> ModuleType:
     """``mpi4py.MPI``, running MPI_Init under a deadline of ``timeout`` seconds if MPI is not started yet.
 
@@ -62,10 +52,11 @@ def start_mpi(timeout: Optional[float] = None) -> ModuleType:
     if timeout <= 0 or not sys.executable:
         from mpi4py import MPI
         return MPI
-    message = (f"hpcvod: rank {launcher_rank()} on {hostname()}: MPI_Init has not returned after {timeout:g} s, "
-               f"so this rank stops; the launcher's PMI/PMIx service or the network between the ranks did not "
-               f"answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` plugin, a rank "
-               f"that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever")
+    rank = launcher_rank()
+    message = (f"hpcvod: rank {'?' if rank is None else rank} on {hostname()}: MPI_Init has not returned after "
+               f"{timeout:g} s, so this rank stops; the launcher's PMI/PMIx service or the network between the "
+               f"ranks did not answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` "
+               f"plugin, a rank that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever")
     watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), str(timeout), message],
                                stdin=subprocess.PIPE, close_fds=True)
     try:

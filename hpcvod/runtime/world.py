@@ -60,6 +60,17 @@ def launcher_promises(env: Optional[Mapping[str, str]] = None) -> list[SizePromi
     return promises
 
 
+# Where each launcher puts a process's rank before MPI_Init: MPI's own variables first (under `mpirun` inside
+# Slurm, SLURM_PROCID is 0 on every rank of the batch step).
+_LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """This process's rank as the launcher announced it (no MPI call), or None when none did."""
+    env = os.environ if env is None else env
+    return next((int(env[var]) for var in _LAUNCHER_RANK_VARS if env.get(var, "").isdigit()), None)
+
+
 def mpi_flavour(library_version: str) -> str:
     """'openmpi', 'intelmpi', 'mpich', 'mvapich' or 'unknown' from MPI_Get_library_version()."""
     text = library_version.lower()
