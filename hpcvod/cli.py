@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hpcvod import __version__
-from hpcvod.sites.errors import UserError
+from hpcvod.sites.errors import UserError, one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -328,7 +328,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
             site = sites.load_site(name, "validate")
             print(f"{name}: ok (site {site.name}, scheduler {site.profile.scheduler})")
         except UserError as err:
-            print(str(err), file=sys.stderr)
+            print(one_line(str(err)), file=sys.stderr)
             bad += 1
     return EXIT_USAGE if bad else EXIT_OK
 
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return doctor(sys.stdout)
     except UserError as err:
-        print(f"hpcvod: error: {err}", file=sys.stderr)
+        print(f"hpcvod: error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hpcvod.schedulers.base import SchedulerError
 
         if isinstance(err, (SchedulerError, OSError)) and not os.environ.get("HPCVOD_DEBUG"):
-            print(f"hpcvod: {err}", file=sys.stderr)
+            print(f"hpcvod: {one_line(str(err))}", file=sys.stderr)
             return EXIT_FAILED
         raise
     return EXIT_OK

@@ -1,5 +1,10 @@
 """Errors a user (or a site admin) can cause: one line, exit status 2, no traceback."""
 
+import re
+
+# what str.splitlines() breaks on, and the other control characters a terminal would act on
+_LINE_BREAKING = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
 
 class UserError(Exception):
     """Bad input that the CLI reports as one line (what, where, what was expected) and exit status 2."""
@@ -33,3 +38,8 @@ def format_key_path(path: tuple[str | int, ...]) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a file name or value holding a newline (or a terminal escape) is shown escaped."""
+    return _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], text)  # "\n" -> "\\n", ESC -> "\\x1b"

@@ -11,11 +11,17 @@ from typing import Any, Mapping
 import yaml
 
 from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.sites.files import read_text_bounded
 from hpcvod.sites.profile import SiteProfile, check_profile
 from hpcvod.sites.spec import from_data
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NOT_INHERITED = ("hostnames",)  # a profile that extends another does not claim the other's login nodes
+# Bounds on what a profile may be: real ones are a few KiB, a handful of levels deep, one or two bases long.
+MAX_PROFILE_BYTES = 1 << 20
+MAX_DEPTH = 64  # nesting of mappings and lists, aliases expanded
+MAX_NODES = 100_000  # values in one file, aliases expanded (YAML aliases can multiply a small file)
+MAX_EXTENDS = 16  # profiles in one extends chain
 
 
 @dataclass(frozen=True)
@@ -74,20 +80,71 @@ def _looks_like_path(text: str) -> bool:
 # ---- loading ----------------------------------------------------------------------------------------------
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _checked_text(path: Path) -> str:
+    """The file's text, once it is known to be a regular file of bounded size whose YAML nests at most MAX_DEPTH
+    levels and holds at most MAX_NODES values, aliases counted expanded. The YAML parser and composer recurse once
+    per level: a hostile file of "[[[[..." would otherwise crash the interpreter or eat the memory."""
     try:
-        text = path.read_text()
+        text = read_text_bounded(path, MAX_PROFILE_BYTES, "site profile")
     except FileNotFoundError:
         raise UserError(f"{path}: no such site profile file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read site profile ({err})") from None
+    _check_shape(text, path)
+    return text
+
+
+def _check_shape(text: str, path: Path) -> None:
+    """Walk the YAML events (a flat stream, no recursion) and stop at the first level or value too many."""
+    open_nodes: list[list[Any]] = []  # per open mapping/list: [anchor, values inside, levels below]
+    anchored: dict[str, tuple[int, int]] = {}  # anchor -> (values, levels) of its node, for aliases
+
+    def close(anchor: str | None, values: int, levels: int, mark: Any) -> None:
+        if anchor:
+            anchored[anchor] = (values, levels)
+        if open_nodes:
+            parent = open_nodes[-1]
+            parent[1] += values
+            parent[2] = max(parent[2], levels + 1)
+            if len(open_nodes) + levels > MAX_DEPTH:
+                raise UserError(f"{path}:{mark.line + 1}: nested more than {MAX_DEPTH} levels deep "
+                                f"(aliases expanded): expected a site profile")
+            if parent[1] > MAX_NODES:
+                raise UserError(f"{path}:{mark.line + 1}: more than {MAX_NODES} values (aliases expanded): "
+                                f"expected a site profile")
+
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                if len(open_nodes) >= MAX_DEPTH:
+                    raise UserError(f"{path}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels "
+                                    f"deep: expected a site profile")
+                open_nodes.append([event.anchor, 1, 0])
+            elif isinstance(event, yaml.CollectionEndEvent):
+                anchor, values, levels = open_nodes.pop()
+                close(anchor, values, levels, event.start_mark)
+            elif isinstance(event, yaml.ScalarEvent):
+                close(event.anchor, 1, 0, event.start_mark)
+            elif isinstance(event, yaml.AliasEvent):
+                if event.anchor not in anchored:  # a node that holds an alias to itself would never end
+                    raise UserError(f"{path}:{event.start_mark.line + 1}: alias *{event.anchor} is undefined or "
+                                    f"inside the node it names: expected an alias to an earlier, complete node")
+                close(None, *anchored[event.anchor], event.start_mark)
+    except yaml.YAMLError as err:
+        raise _yaml_error(path, err) from None
+
+
+def _yaml_error(path: Path, err: Exception) -> UserError:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    return UserError(f"{where}: not valid YAML: {problem} (is the file truncated?)")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    text = _checked_text(path)
     try:
         data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{where}: not valid YAML: {problem} (is the file truncated?)") from None
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: a date like 2024-13-45, an int of 5000 digits
+        raise _yaml_error(path, err) from None
     if data is None:
         raise UserError(f"{path}: empty site profile (expected a mapping with scheduler, partitions, launcher, mpi)")
     if not isinstance(data, dict):
@@ -98,8 +155,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _line_of(path: Path, key_path: tuple) -> int | None:
     """The line of the deepest part of ``key_path`` present in the file (for error messages only)."""
     try:
-        node = yaml.compose(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError):
+        node = yaml.compose(_checked_text(path), Loader=_Loader)
+    except (UserError, yaml.YAMLError):
         return None
     line = None
     for part in key_path:
@@ -149,6 +206,10 @@ def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, 
     if base_path.resolve() in [p.resolve() for p in chain + (path,)]:
         cycle = " -> ".join(str(p) for p in chain + (path, base_path))
         raise ProfileError(("extends",), f"profiles extend each other in a circle: {cycle}", str(path))
+    if len(chain) + 1 >= MAX_EXTENDS:
+        raise ProfileError(("extends",), f"more than {MAX_EXTENDS} profiles in one extends chain "
+                           f"(from {chain[0] if chain else path}): expected a short chain of bases",
+                           _where(path, ("extends",)))
     if not base_path.exists():
         raise ProfileError(("extends",), f"{base_path} does not exist", _where(path, ("extends",)))
     base, contributors = _data_with_bases(base_path, chain + (path,), environ)
@@ -208,8 +269,8 @@ def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, s
     if not name_or_path.strip():
         raise UserError(f"empty site name ({origin})")
     if _looks_like_path(name_or_path) or Path(name_or_path).is_file():
-        if not Path(name_or_path).is_file():
-            raise UserError(f"site file {name_or_path!r} ({origin}): no such file")
+        if not os.path.lexists(name_or_path):
+            raise UserError(f"site file {name_or_path!r} ({origin}): no such file")  # else: it says what it is
         return load_site_file(name_or_path, environ)
     path = site_files(environ, include_bases=True).get(name_or_path)
     if path is None:
@@ -221,8 +282,8 @@ def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Pat
     """The first profile whose ``hostnames`` patterns match this host (read without full validation)."""
     for path in site_files(environ).values():
         try:
-            patterns = yaml.load(path.read_text(), Loader=_Loader).get("hostnames") or []
-        except (OSError, yaml.YAMLError, AttributeError):
+            patterns = _read_yaml(path).get("hostnames") or []
+        except UserError:
             continue  # a broken profile is reported when it is used, not while guessing
         if isinstance(patterns, list) and any(isinstance(p, str) and fnmatch.fnmatchcase(hostname, p) for p in patterns):
             return path
