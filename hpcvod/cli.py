@@ -228,6 +228,7 @@ def _job_ref(job: str, site_name: str | None = None):
     if site.profile.scheduler == "local" and not job.startswith("local-"):
         raise UserError(f"JOB {job!r}: no job folder records this id under {', '.join(map(str, _roots()))} "
                         "(give the job folder, or run this where you submitted)")
+    site.scheduler().check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option
     return JobRef(job_id=job, scheduler=site.profile.scheduler, site=site.name, site_source=site.source, job_dir=None)
 
 

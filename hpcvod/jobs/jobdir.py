@@ -12,10 +12,12 @@ from typing import Any, Iterable
 
 from hpcvod.jobs.shell import safe_name
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.files import open_regular, read_text_bounded, write_atomic
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"
 RECORD_FILE = "job.json"
+MAX_JSON_BYTES = 1 << 20  # what hpcvod writes there is a few KiB
 
 
 def default_roots() -> list[Path]:
@@ -40,18 +42,39 @@ def create_job_dir(root: Path, job_name: str, now: float | None = None) -> Path:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A job folder's JSON object; {} when the file is missing, a UserError naming it when it is anything but
+    the JSON object hpcvod wrote (empty, truncated, not UTF-8, a list, a FIFO, huge)."""
     try:
-        return json.loads(path.read_text())
+        text = read_text_bounded(path, MAX_JSON_BYTES, "job file")
     except FileNotFoundError:
         return {}
+    if not text.strip():
+        raise UserError(f"{path}: empty file: expected the JSON object hpcvod wrote there")
+    try:
+        data = json.loads(text)
     except ValueError as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply: expected the JSON object hpcvod wrote there") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got a JSON {_json_kind(data)}")
+    return data
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _text_field(data: dict[str, Any], key: str, path: Path) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise UserError(f"{path}: {key}: expected a string, got a JSON {_json_kind(value)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -72,13 +95,38 @@ class JobRef:
 
 
 def ref_from_dir(job_dir: Path) -> JobRef:
-    record = read_json(job_dir / RECORD_FILE)
-    request = read_json(job_dir / REQUEST_FILE)
-    if not record.get("job_id"):
+    """The job a folder records, once every file hpcvod reads there is checked: a corrupt folder is one
+    UserError naming the file, whichever command reads it."""
+    from hpcvod.schedulers import known_scheduler
+
+    record_path, request_path = job_dir / RECORD_FILE, job_dir / REQUEST_FILE
+    record = read_json(record_path)
+    request = read_json(request_path)
+    job_id = record.get("job_id")
+    if not job_id:
         raise UserError(f"{job_dir}: not a submitted hpcvod job folder (no job id in {RECORD_FILE})")
     plan = request.get("plan", {})
-    return JobRef(job_id=str(record["job_id"]), scheduler=record.get("scheduler") or plan.get("scheduler", ""),
-                  site=plan.get("site", ""), site_source=plan.get("site_source", ""), job_dir=job_dir.resolve())
+    if not isinstance(plan, dict):
+        raise UserError(f"{request_path}: plan: expected a JSON object, got a JSON {_json_kind(plan)}")
+    name, source = (record["scheduler"], record_path) if "scheduler" in record else (plan.get("scheduler"), request_path)
+    scheduler = known_scheduler(name, str(source))
+    scheduler.check_job_id(job_id, str(record_path))
+    scheduler.check_record(record, str(record_path))
+    _check_outputs(job_dir)
+    return JobRef(job_id=job_id, scheduler=scheduler.name, site=_text_field(plan, "site", request_path),
+                  site_source=_text_field(plan, "site_source", request_path), job_dir=job_dir.resolve())
+
+
+def _check_outputs(job_dir: Path) -> None:
+    """The files the job writes: an exit status that is no number, or an output.log that is a folder or a FIFO,
+    is reported now rather than by whichever command happens to read it."""
+    from hpcvod.schedulers.base import OUTPUT_FILE, read_exit_file
+
+    read_exit_file(job_dir)
+    try:
+        open_regular(job_dir / OUTPUT_FILE, "job output").close()
+    except FileNotFoundError:
+        pass  # not started yet
 
 
 def find_job(arg: str, roots: Iterable[Path] | None = None) -> JobRef | None:
@@ -95,9 +143,9 @@ def find_job(arg: str, roots: Iterable[Path] | None = None) -> JobRef | None:
             continue
         for record_path in sorted(root.glob(f"*/{RECORD_FILE}"), reverse=True):
             try:
-                record = json.loads(record_path.read_text())
-            except (OSError, ValueError):
-                continue
-            if str(record.get("job_id")) == arg:
+                record = read_json(record_path)
+            except UserError:
+                continue  # a broken folder is reported when it is named, not while searching the others
+            if record.get("job_id") == arg:
                 return ref_from_dir(record_path.parent)
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import shutil
 import sys
@@ -16,7 +17,8 @@ from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.schedulers.base import CANCEL_FILE, JobStatus, SchedulerError, write_cancel_marker
+from hpcvod.schedulers.base import CANCEL_FILE, JobStatus, read_cancel_marker, write_cancel_marker
+from hpcvod.sites.files import open_regular
 from hpcvod.sites.loader import Site
 
 
@@ -60,11 +62,14 @@ def submit_prepared(prepared: Prepared, jobs_root: Path, extra_request: dict | N
 
 
 def scheduler_of(ref: JobRef):  # -> Scheduler
-    """The scheduler object for a job, with the options of the site it was submitted to when still loadable."""
-    from hpcvod.schedulers import scheduler_class
+    """The scheduler object for a job, with the options of the site it was submitted to when still loadable.
+    The job id is checked here too, for JobRefs made by hand (the Python API): no command gets an id that is
+    not of its scheduler's form."""
+    from hpcvod.schedulers import known_scheduler
     from hpcvod.sites.errors import UserError
     from hpcvod.sites.loader import load_site_file
 
+    known_scheduler(ref.scheduler, f"job {ref.job_id!r}").check_job_id(ref.job_id)
     if ref.site_source and os.path.isfile(ref.site_source):
         try:
             site = load_site_file(ref.site_source)
@@ -72,7 +77,7 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
                 return site.scheduler()
         except UserError:
             pass  # the profile changed since: the default options still know how to ask
-    return scheduler_class(ref.scheduler)()
+    return known_scheduler(ref.scheduler, f"job {ref.job_id!r}")()
 
 
 def job_status(ref: JobRef) -> JobStatus:
@@ -80,11 +85,15 @@ def job_status(ref: JobRef) -> JobStatus:
 
 
 def cancel_job(ref: JobRef) -> None:
+    """Mark the folder (so the job's end reads CANCELLED), then ask the scheduler; a refusal takes back a mark
+    this call made."""
+    scheduler = scheduler_of(ref)
+    marked_before = read_cancel_marker(ref.job_dir)
     write_cancel_marker(ref.job_dir)
     try:
-        scheduler_of(ref).cancel(ref.job_id, ref.job_dir)
-    except SchedulerError:
-        if ref.job_dir is not None:
+        scheduler.cancel(ref.job_id, ref.job_dir)
+    except BaseException:
+        if ref.job_dir is not None and not marked_before:
             (ref.job_dir / CANCEL_FILE).unlink(missing_ok=True)
         raise
 
@@ -134,19 +143,21 @@ def follow_output(ref: JobRef, out, poll_seconds: float | None = None, follow: b
         return
     scheduler = scheduler_of(ref)
     poll = poll_seconds if poll_seconds is not None else min(scheduler.poll_seconds, 1.0)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
     position = 0
     while True:
         finished = not follow or scheduler.status(ref.job_id, ref.job_dir).finished
         try:
-            with open(path, "rb") as f:
+            with open_regular(path, "job output") as f:  # a FIFO or folder there: one line, not a hang
                 f.seek(position)
-                chunk = f.read()
+                while chunk := f.read(1 << 20):
+                    position += len(chunk)
+                    out.write(decoder.decode(chunk))
         except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            position += len(chunk)
-            out.write(chunk.decode(errors="replace"))
-            out.flush()
+            pass
+        out.flush()
         if finished:
+            out.write(decoder.decode(b"", final=True))
+            out.flush()
             return
         sleep(poll)

@@ -29,3 +29,12 @@ def scheduler_class(name: str) -> "type[Scheduler]":
         raise KeyError(name)
     module = importlib.import_module(f"hpcvod.schedulers.{name}")
     return module.SCHEDULER
+
+
+def known_scheduler(name: object, where: str) -> "type[Scheduler]":
+    """``scheduler_class(name)``, or a UserError naming ``where`` the unknown name came from."""
+    from hpcvod.sites.errors import UserError
+
+    if not isinstance(name, str) or name not in available_schedulers():
+        raise UserError(f"{where}: scheduler {name!r}: expected one of {', '.join(available_schedulers())}")
+    return scheduler_class(name)

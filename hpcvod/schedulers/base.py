@@ -8,12 +8,14 @@ schema, discovery, the CLI and the golden tests pick it up by name.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.files import read_text_bounded, write_atomic
 
 if TYPE_CHECKING:
     from hpcvod.jobs.plan import LaunchPlan
@@ -73,6 +75,11 @@ class Scheduler:
     directive_prefix: ClassVar[str] = ""  # "#SBATCH", "#PBS"; "" = the scheduler takes no directives
     Options: ClassVar[type] = NoOptions  # dataclass of the profile's `scheduler_options`
     poll_seconds: ClassVar[float] = 5.0  # how often --wait and logs -f ask
+    # Every job id this scheduler hands out (and that its commands take), matched whole. The one check that
+    # keeps a job id from an edited job.json or the command line ("--user=root") from reaching scancel/qdel
+    # as an option; job_id_example is said in the error.
+    job_id_pattern: ClassVar[re.Pattern[str]]
+    job_id_example: ClassVar[str]
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -98,6 +105,19 @@ class Scheduler:
     def parse_job_id(text: str) -> str:
         raise NotImplementedError
 
+    @classmethod
+    def check_job_id(cls, job_id: object, where: str = "") -> str:
+        """``job_id`` if it has this scheduler's form, else a UserError saying where it came from."""
+        if isinstance(job_id, str) and cls.job_id_pattern.fullmatch(job_id):
+            return job_id
+        raise UserError(f"{where + ': ' if where else ''}job id {job_id!r}: expected a {cls.name} job id "
+                        f"like {cls.job_id_example}")
+
+    @classmethod
+    def check_record(cls, record: dict[str, Any], where: str) -> None:
+        """Refuse (UserError naming ``where``) a job.json whose scheduler-specific fields are not what submit
+        writes; the base scheduler records nothing of its own."""
+
 
 def apply_directive_overrides(generated: list[str], skip: Sequence[str], extra: Sequence[str]) -> list[str]:
     """dask-jobqueue's override point: drop generated directives containing a skip string, then add extras."""
@@ -115,19 +135,30 @@ def run_command(argv: list[str], *, cwd: Path | None = None, timeout: float = 60
         raise SchedulerError(f"{' '.join(argv)}: no answer after {timeout:.0f} s") from None
 
 
+_EXIT_STATUS = re.compile(r"[0-9]{1,3}")
+
+
 def read_exit_file(job_dir: Path | None) -> int | None:
-    """The exit status the rendered script recorded in its job folder (works after the scheduler forgot the job)."""
+    """The exit status the rendered script recorded in its job folder (works after the scheduler forgot the job).
+    None while there is none; anything but a number 0-255 is a UserError naming the file."""
     if job_dir is None:
         return None
+    path = job_dir / EXIT_FILE
     try:
-        return int((job_dir / EXIT_FILE).read_text().strip())
-    except (OSError, ValueError):
+        text = read_text_bounded(path, 64, "exit status file").strip()
+    except FileNotFoundError:
         return None
+    if not text:
+        return None  # the script's `echo $? > exitcode` has truncated the file and not yet written it
+    if not _EXIT_STATUS.fullmatch(text) or int(text) > 255:
+        raise UserError(f"{path}: expected the exit status the job script writes (a number 0-255), "
+                        f"got {text[:40]!r}")
+    return int(text)
 
 
 def write_cancel_marker(job_dir: Path | None) -> None:
     if job_dir is not None:
-        (job_dir / CANCEL_FILE).write_text("cancelled by hpcvod cancel\n")
+        write_atomic(job_dir / CANCEL_FILE, "cancelled by hpcvod cancel\n")
 
 
 def read_cancel_marker(job_dir: Path | None) -> bool:

@@ -7,26 +7,37 @@ itself records its exit status in the folder. Status, logs and cancel then work 
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from hpcvod.launchers import without_outer_launch
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, RUNNING, UNKNOWN, JobStatus, Scheduler,
-                                    SchedulerError, Submitted, read_cancel_marker, read_exit_file)
+                                    Submitted, read_cancel_marker, read_exit_file)
+from hpcvod.sites.errors import UserError
+
+PID_MAX = 1 << 22  # Linux's largest pid_max
+SCRIPT_ARGV = ("bash", "job.sh")  # what submit starts, in the job folder: the only process cancel may signal
+
+
+def _parse_stat(text: str) -> tuple[str, int, int, int]:
+    """(state, parent pid, process group, start time in clock ticks) from a /proc/PID/stat line."""
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, process group, start time in clock ticks) of a live process, from /proc."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        state, _, group, started = _parse_stat(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[2]), int(fields[19])
+    return state, group, started
 
 
 def _alive(pid: int, start_time: int | None) -> bool:
@@ -35,6 +46,29 @@ def _alive(pid: int, start_time: int | None) -> bool:
         return False
     state, _, started = stat
     return state != "Z" and (start_time is None or started == start_time)
+
+
+def _why_not_the_job(pid: int, record: dict) -> str | None:
+    """None if ``pid`` is the job script that submit started and job.json recorded; else why it is not (it has
+    ended, or the pid now belongs to another process: the OS reuses pids, and job.json can be edited)."""
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] == "Z":
+        return "is not running"
+    _, group, started = stat
+    if record.get("start_time") is None:
+        return "cannot be told from a process that got the pid later (job.json records no start time)"
+    if started != record["start_time"]:
+        return (f"started at clock tick {started}, not at {record['start_time']} as job.json records "
+                "(the pid was reused)")
+    if group != record["pgid"]:
+        return f"is in process group {group}, not in {record['pgid']} as job.json records"
+    try:
+        argv = tuple(os.fsdecode(w) for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1])
+    except OSError:
+        return "has ended"
+    if argv != SCRIPT_ARGV:
+        return f"runs {' '.join(argv)[:80]!r}, not the job script ({' '.join(SCRIPT_ARGV)})"
+    return None
 
 
 def _job_processes(roots: "set[int]", pgid: int) -> list[int]:
@@ -46,13 +80,12 @@ def _job_processes(roots: "set[int]", pgid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            text = Path(f"/proc/{entry.name}/stat").read_text()
+            state, parent, group, _ = _parse_stat(Path(f"/proc/{entry.name}/stat").read_text())
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2:].split()
         child = int(entry.name)
-        stats[child] = (fields[0], int(fields[2]))
-        parents.setdefault(int(fields[1]), []).append(child)
+        stats[child] = (state, group)
+        parents.setdefault(parent, []).append(child)
     found = {p for p, (_, group) in stats.items() if group == pgid} | set(roots)
     todo = list(found)
     while todo:
@@ -63,39 +96,71 @@ def _job_processes(roots: "set[int]", pgid: int) -> list[int]:
     return sorted(p for p in found if p in stats and stats[p][0] != "Z")
 
 
-def _job_record(job_dir: Path | None) -> dict:
-    if job_dir is None:
-        return {}
+def _check_pid(value: object, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 < value <= PID_MAX:
+        raise UserError(f"{where}: {key}: expected the process id hpcvod recorded (a whole number 2-{PID_MAX}), "
+                        f"got {value!r}")
+    return value
+
+
+def _read_record(job_dir: Path, job_id: str) -> tuple[dict, str]:
+    from hpcvod.jobs.jobdir import RECORD_FILE, read_json
+
+    where = str(job_dir / RECORD_FILE)
+    record = read_json(job_dir / RECORD_FILE)
+    LocalScheduler.check_record(record, where)
+    if record["job_id"] != job_id:
+        raise UserError(f"{where}: records job {record['job_id']!r}, not {job_id!r}")
+    return record, where
+
+
+def _job_record(job_id: str, job_dir: Path | None) -> tuple[dict, str]:
+    """The job's checked record (pid, pgid, start_time) and the file it came from. For a bare ``local-PID`` the
+    folder is the one of the process's own output.log (submit points its stdout there); a process that has none
+    gets an empty record: it cannot be shown to be a job hpcvod started."""
+    if job_dir is not None:
+        return _read_record(job_dir, job_id)
+    pid = int(job_id.removeprefix("local-"))
     try:
-        return json.loads((job_dir / "job.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _pid_of(job_id: str, job_dir: Path | None) -> tuple[int, int | None]:
-    record = _job_record(job_dir)
-    if "pid" in record:
-        return int(record["pid"]), record.get("start_time")
-    if job_id.startswith("local-") and job_id[6:].isdigit():
-        return int(job_id[6:]), None
-    raise SchedulerError(f"job {job_id!r}: not a local job id (local-PID) and no job folder records it")
+        output = Path(os.readlink(f"/proc/{pid}/fd/1"))
+    except OSError:  # gone, or another user's process
+        return {}, ""
+    if output.name != OUTPUT_FILE:
+        return {}, ""
+    try:
+        return _read_record(output.parent, job_id)
+    except (UserError, FileNotFoundError):
+        return {}, ""  # a folder nobody named: its state is not this command's business
 
 
 class LocalScheduler(Scheduler):
     name = "local"
-    script_name = "job.sh"
+    script_name = SCRIPT_ARGV[1]
     poll_seconds = 0.2
+    job_id_pattern = re.compile(r"local-[1-9][0-9]{0,6}")  # local-PID
+    job_id_example = "local-12345"
 
     @staticmethod
     def parse_job_id(text: str) -> str:
         return text.strip()
 
+    @classmethod
+    def check_record(cls, record: dict[str, Any], where: str) -> None:
+        pid = _check_pid(record.get("pid"), "pid", where)
+        _check_pid(record.get("pgid"), "pgid", where)
+        start = record.get("start_time")
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+            raise UserError(f"{where}: start_time: expected the process start time in clock ticks (a whole number "
+                            f">= 0), got {start!r}")
+        if record.get("job_id") != f"local-{pid}":
+            raise UserError(f"{where}: job_id {record.get('job_id')!r} does not name the recorded pid {pid}")
+
     def submit(self, job_dir: Path, script: Path) -> Submitted:
         env = without_outer_launch(os.environ)
         with open(job_dir / OUTPUT_FILE, "ab") as log:
-            proc = subprocess.Popen(["bash", script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([*SCRIPT_ARGV[:1], script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        stat = _proc_stat(proc.pid)
+        stat = _proc_stat(proc.pid)  # Popen returns once bash runs: /proc shows the script, not this Python
         # reap it when it ends if this process lives that long (Python API); the CLI exits long before
         threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
         return Submitted(f"local-{proc.pid}", {"pid": proc.pid, "pgid": proc.pid,
@@ -109,13 +174,14 @@ class LocalScheduler(Scheduler):
                 return JobStatus(COMPLETED, raw="exited 0", exit_code=0, source="exitcode file")
             return JobStatus(CANCELLED if cancelled else FAILED, raw=f"exited {code}", exit_code=code,
                              source="exitcode file")
-        pid, start_time = _pid_of(job_id, job_dir)
-        if _alive(pid, start_time):
+        record, _ = _job_record(job_id, job_dir)
+        pid = record.get("pid") or int(job_id.removeprefix("local-"))
+        if record and _why_not_the_job(pid, record) is None:
             return JobStatus(RUNNING, raw=f"pid {pid} running", source="/proc")
         if cancelled:
             return JobStatus(CANCELLED, raw=f"pid {pid} ended", reason="cancelled", source="cancel marker")
         if job_dir is None:
-            return JobStatus(UNKNOWN, raw=f"pid {pid} not running", source="/proc")
+            return JobStatus(UNKNOWN, raw=f"pid {pid} is no hpcvod job script running here", source="/proc")
         return JobStatus(FAILED, raw=f"pid {pid} ended", reason="the job ended without recording an exit status",
                          source="/proc")
 
@@ -123,11 +189,22 @@ class LocalScheduler(Scheduler):
         """SIGTERM to the job's process group and every process it started (MPI launchers put ranks in sessions
         of their own), SIGKILL to whatever is left after the grace time. The tree is looked at again on every
         round: a launcher that was still starting when cancel came is caught as well, and a process that lost
-        its parent stays known (by pid and start time, so a reused pid is never hit)."""
-        pid, start_time = _pid_of(job_id, job_dir)
-        pgid = _job_record(job_dir).get("pgid", pid)
-        if not _alive(pid, start_time):
-            return  # already over (or the pid now belongs to someone else)
+        its parent stays known (by pid and start time, so a reused pid is never hit).
+
+        Only the job script that submit started is ever signalled: a pid whose start time, process group or
+        command line is not what job.json recorded (a reused pid, an edited file, a bare local-PID of some other
+        process) is refused with a UserError, and nothing is killed."""
+        record, where = _job_record(job_id, job_dir)
+        pid = record.get("pid") or int(job_id.removeprefix("local-"))
+        if not _alive(pid, None):
+            return  # already over: nothing to signal
+        why_not = _why_not_the_job(pid, record) if record else "is not a job script that hpcvod started"
+        if why_not == "is not running":
+            return  # it ended a moment ago
+        if why_not is not None:
+            raise UserError(f"job {job_id}{f' ({where})' if where else ''}: not signalling pid {pid}: it {why_not}; "
+                            "nothing was killed")
+        pgid = record["pgid"]  # the script's own group (it leads its session): checked equal above
         known: dict[int, int] = {}  # pid -> start time
         signalled: dict[int, int] = {}  # pid -> last signal sent
         sig = signal.SIGTERM

@@ -15,7 +15,6 @@ from hpcvod.sites.spec import Pattern, doc
 if TYPE_CHECKING:
     from hpcvod.jobs.plan import LaunchPlan
 
-_JOB_ID = re.compile(r"^\d+(?:\[\d*\])?(?:\.[\w.-]+)?$")
 _QUEUED = set("QHWTSMU")  # queued, held, waiting, in transit, suspended, moved, user-suspended
 _ACTIVE = set("REB")  # running, exiting, array begun
 _KILLED_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME
@@ -77,6 +76,9 @@ class PbsScheduler(Scheduler):
     script_name = "job.pbs"
     directive_prefix = "#PBS"
     Options = PbsOptions
+    # 123.server, an array job 123[].server, one of its subjobs 123[4].server (the server part is optional)
+    job_id_pattern = re.compile(r"[0-9]+(?:\[[0-9]*\])?(?:\.[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
+    job_id_example = "1234.server, 1234[].server or 1234[5].server"
 
     def directives(self, plan: "LaunchPlan") -> list[str]:
         chunk = [f"select={plan.nodes}", f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
@@ -98,7 +100,7 @@ class PbsScheduler(Scheduler):
     @staticmethod
     def parse_job_id(text: str) -> str:
         line = text.strip().splitlines()[-1].strip() if text.strip() else ""
-        if not _JOB_ID.match(line):
+        if not PbsScheduler.job_id_pattern.fullmatch(line):
             raise SchedulerError(f"qsub printed {text.strip()!r}, expected a job id like 1234.server")
         return line
 

@@ -22,7 +22,6 @@ from hpcvod.sites.spec import Pattern, doc
 if TYPE_CHECKING:
     from hpcvod.jobs.plan import LaunchPlan
 
-_JOB_ID = re.compile(r"^(\d+)(?:\.\d+-\d+:\d+)?$")  # "123", or "123.1-10:1" for an array job
 _NAME = Pattern(r"[A-Za-z_][\w.-]*", "a Grid Engine object name")
 
 
@@ -104,6 +103,9 @@ class SgeScheduler(Scheduler):
     directive_prefix = "#$"
     poll_seconds = 2.0
     Options = SgeOptions
+    # 123, a task 123.4, a task range 123.1-10:1 (what qsub -terse prints for an array job)
+    job_id_pattern = re.compile(r"[0-9]+(?:\.[0-9]+(?:-[0-9]+(?::[0-9]+)?)?)?")
+    job_id_example = "1234 or 1234.5"
 
     def directives(self, plan: "LaunchPlan") -> list[str]:
         out = [
@@ -124,10 +126,9 @@ class SgeScheduler(Scheduler):
     @staticmethod
     def parse_job_id(text: str) -> str:
         line = text.strip().splitlines()[-1].strip() if text.strip() else ""
-        match = _JOB_ID.match(line)
-        if not match:
+        if not SgeScheduler.job_id_pattern.fullmatch(line):
             raise SchedulerError(f"qsub -terse printed {text.strip()!r}, expected a job id")
-        return match.group(1)
+        return line.split(".")[0]  # an array job as a whole
 
     def submit(self, job_dir: Path, script: Path) -> Submitted:
         done = run_command(["qsub", "-terse", script.name], cwd=job_dir)

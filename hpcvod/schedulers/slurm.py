@@ -26,7 +26,6 @@ _STATES = {
     FAILED: ("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"),
 }
 _STATE_OF = {word: state for state, words in _STATES.items() for word in words}
-_JOB_ID = re.compile(r"^(\d+(?:_\d+)?)(?:;\S+)?$")
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,9 @@ class SlurmScheduler(Scheduler):
     directive_prefix = "#SBATCH"
     poll_seconds = 2.0
     Options = SlurmOptions
+    # 123, an array task 123_4, a heterogeneous job component 123+1
+    job_id_pattern = re.compile(r"[0-9]+(?:_[0-9]+|\+[0-9]+)?")
+    job_id_example = "1234, 1234_5 or 1234+1"
 
     def directives(self, plan: "LaunchPlan") -> list[str]:
         out = [
@@ -106,10 +108,10 @@ class SlurmScheduler(Scheduler):
     @staticmethod
     def parse_job_id(text: str) -> str:
         line = text.strip().splitlines()[-1].strip() if text.strip() else ""
-        match = _JOB_ID.match(line)
-        if not match:
+        job_id = line.split(";")[0]  # "ID;CLUSTER" on a multi-cluster setup
+        if not SlurmScheduler.job_id_pattern.fullmatch(job_id):
             raise SchedulerError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
-        return match.group(1)
+        return job_id
 
     def submit(self, job_dir: Path, script: Path) -> Submitted:
         done = run_command(["sbatch", "--parsable", script.name], cwd=job_dir)
@@ -126,7 +128,7 @@ class SlurmScheduler(Scheduler):
                                                            source="none")
 
     def cancel(self, job_id: str, job_dir: Path | None) -> None:
-        done = run_command(["scancel", job_id])
+        done = run_command(["scancel", "--", job_id])  # scancel reads options with getopt_long: "--" ends them
         if done.returncode != 0:
             raise SchedulerError(f"scancel {job_id}: {_one_line(done.stderr or done.stdout)}")
 

@@ -6,8 +6,10 @@ A FIFO named as a site profile or left in a job folder would block a plain ``ope
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import secrets
 from pathlib import Path
 from typing import BinaryIO
 
@@ -58,3 +60,24 @@ def read_text_bounded(path: Path, limit: int, what: str) -> str:
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: {what} is not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})") \
             from None
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
+    """Write ``text`` to a new file beside ``path``, then rename it over ``path``: a reader sees the old file or
+    the new one, never half of one, and a symlink at ``path`` is replaced instead of written through. ``mode``
+    goes through the umask, as for any new file."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # argv bytes as given
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
