@@ -67,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-output", action="store_true", help="with --wait: print the job's output at the end")
 
     p = sub.add_parser("render", help="write the batch script without submitting",
-                       usage="hpcvod render [OPTIONS] [-o FILE] [--] SCRIPT [ARGS...]")
+                       usage="hpcvod render [OPTIONS] [-o FILE [--force]] [--] SCRIPT [ARGS...]")
     _add_job_options(p)
-    p.add_argument("-o", "--output", metavar="FILE", help="write the script here (default: stdout)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the script here (default: stdout); an existing "
+                   "file only if hpcvod rendered it, never the program the script launches")
+    p.add_argument("--force", action="store_true", help="with -o: overwrite FILE even if hpcvod did not render it")
 
     for name, text in (("status", "where a job stands"), ("cancel", "cancel a job")):
         p = sub.add_parser(name, help=text)
@@ -200,10 +202,13 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
 
 
 def cmd_render(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
+    if args.force and not args.output:
+        raise UserError("render: --force goes with -o FILE (it allows overwriting FILE)")
     prepared = _prepare(args, program, argv)
     if args.output:
-        Path(args.output).write_text(prepared.script)
-        Path(args.output).chmod(0o755)
+        from hpcvod.jobs.render import write_script
+
+        write_script(Path(args.output), prepared.script, prepared.plan, force=args.force)
         print(f"wrote {args.output} ({prepared.plan.scheduler} script for site {prepared.plan.site})", file=sys.stderr)
     elif args.json:
         _print_json({"plan": prepared.plan.to_dict(), "script": prepared.script})
