@@ -33,6 +33,12 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.removeprefix("hpcvod").strip()
         raise UserError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):  # type: ignore[override]
+        # argparse drops a value that is exactly "--" (--account=--) and hands the option an empty list
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
 
 def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
