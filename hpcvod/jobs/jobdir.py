@@ -129,17 +129,24 @@ def _check_outputs(job_dir: Path) -> None:
         pass  # not started yet
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):  # a name too long for the file system (pathlib lets ENAMETOOLONG through)
+        return False
+
+
 def find_job(arg: str, roots: Iterable[Path] | None = None) -> JobRef | None:
     """A job folder path, a folder name under a jobs root, or a job id recorded in one; None if unknown."""
     path = Path(arg)
-    if path.is_dir():
+    if _is_dir(path):
         return ref_from_dir(path)
     roots = list(roots) if roots is not None else default_roots()
     for root in roots:
-        if (root / arg).is_dir():
+        if _is_dir(root / arg):
             return ref_from_dir(root / arg)
     for root in roots:
-        if not root.is_dir():
+        if not _is_dir(root):
             continue
         for record_path in sorted(root.glob(f"*/{RECORD_FILE}"), reverse=True):
             try:

@@ -7,6 +7,7 @@ resolved request; nothing downstream decides anything.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -94,17 +95,17 @@ def _program_argv(spec: JobSpec, site: Site, host: HostFacts, python: str) -> li
     program = spec.program
     if not program.strip():
         raise UserError("SCRIPT: expected a script or command to run, got an empty string")
-    in_cwd = Path(host.cwd, program)
+    in_cwd = os.path.join(host.cwd, program)  # os.path's tests: a name too long is no file, not an OSError
     if program.endswith(".py"):
-        if not in_cwd.is_file():
+        if not os.path.isfile(in_cwd):
             raise UserError(f"SCRIPT {program!r}: no such file (looked in {host.cwd})")
         return [python, program, *spec.args]
     if "/" in program:
-        if not in_cwd.exists():
+        if not os.path.exists(in_cwd):
             raise UserError(f"SCRIPT {program!r}: no such file (looked in {host.cwd})")
         return [program, *spec.args]
     if shutil.which(program) is None:
-        if in_cwd.is_file():
+        if os.path.isfile(in_cwd):
             return [f"./{program}", *spec.args]
         profile = site.profile
         # modules, setup lines or a container may provide the command on the nodes: trust the user then

@@ -115,12 +115,12 @@ def write_script(target: Path, script: str, plan: LaunchPlan, force: bool = Fals
             raise UserError(f"{where} is {launched}, which the script launches: refusing to write over it "
                             "(even with --force); choose another file")
     if os.path.lexists(target):
-        if not target.is_file():
+        if not os.path.isfile(target):
             raise UserError(f"{where}: exists and is not a regular file: expected a file to write the script to")
         if not force and not is_rendered_script(target):
             raise UserError(f"{where}: exists and is not a script hpcvod rendered: refusing to overwrite it "
                             "(--force replaces it)")
-    if not target.parent.is_dir():
+    if not os.path.isdir(target.parent):
         raise UserError(f"{where}: no such folder {str(target.parent)!r}")
     try:
         write_atomic(target, script, mode=0o755)

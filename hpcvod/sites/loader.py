@@ -65,7 +65,7 @@ def site_files(environ: Mapping[str, str] = os.environ, include_bases: bool = Fa
     Files whose name starts with '_' are bases for ``extends`` and are listed only on request."""
     found: dict[str, Path] = {}
     for folder in search_dirs(environ):
-        if not folder.is_dir():
+        if not os.path.isdir(folder):
             continue
         for path in sorted(folder.iterdir()):
             if path.suffix in (".yaml", ".yml") and (include_bases or not path.stem.startswith("_")):
@@ -200,7 +200,7 @@ def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, 
         base_path = files.get(parent)
         if base_path is None or base_path.resolve() == path.resolve():
             base_path = next((path.parent / f"{parent}{ext}" for ext in (".yaml", ".yml")
-                              if (path.parent / f"{parent}{ext}").exists()), None)
+                              if os.path.exists(path.parent / f"{parent}{ext}")), None)
         if base_path is None:
             raise ProfileError(("extends",), f"no profile named {parent!r} to extend", _where(path, ("extends",)))
     if base_path.resolve() in [p.resolve() for p in chain + (path,)]:
@@ -210,7 +210,7 @@ def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, 
         raise ProfileError(("extends",), f"more than {MAX_EXTENDS} profiles in one extends chain "
                            f"(from {chain[0] if chain else path}): expected a short chain of bases",
                            _where(path, ("extends",)))
-    if not base_path.exists():
+    if not os.path.exists(base_path):
         raise ProfileError(("extends",), f"{base_path} does not exist", _where(path, ("extends",)))
     base, contributors = _data_with_bases(base_path, chain + (path,), environ)
     base = {k: v for k, v in base.items() if k not in NOT_INHERITED and k != "extends"}
@@ -268,7 +268,7 @@ def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, s
     """A profile by name (looked up in the search folders) or by path."""
     if not name_or_path.strip():
         raise UserError(f"empty site name ({origin})")
-    if _looks_like_path(name_or_path) or Path(name_or_path).is_file():
+    if _looks_like_path(name_or_path) or os.path.isfile(name_or_path):  # os.path: a name too long is no file
         if not os.path.lexists(name_or_path):
             raise UserError(f"site file {name_or_path!r} ({origin}): no such file")  # else: it says what it is
         return load_site_file(name_or_path, environ)

@@ -165,6 +165,7 @@ def job_arguments(draw) -> list[str]:
 @settings(max_examples=100, **SETTINGS)
 @given(args=job_arguments())
 @example(args=["--account=--", "--", "train.py"])  # argparse handed the option [] (found by this test)
+@example(args=["--site", "a" * 300, "--", "b" * 300])  # pathlib's is_file lets ENAMETOOLONG through (found so)
 def test_submit_dry_run_with_hostile_arguments(arena, args):
     with _example(arena) as work:
         argv = ["submit", "--dry-run", "--output-dir", "jobs", *args]
@@ -347,6 +348,7 @@ def test_hostile_job_folders(arena, folder, command, by_id):
                                             "123", "123_4", "1[].s"])),
        command=st.sampled_from(["status", "cancel", "logs"]),
        site=st.sampled_from(["local", "slurm-ib-openmpi", "pbs-ib-openmpi", "sge-sandbox"]))
+@example(job="a" * 300, command="status", site="local")  # ENAMETOOLONG from pathlib's is_dir (found by this test)
 def test_hostile_job_ids(arena, job, command, site):
     with _example(arena):
         argv = [command, *(["--site", site] if command != "logs" else []), "--", job]
