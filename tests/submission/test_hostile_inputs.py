@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from hpcvod.cli import main
+from hpcvod.jobs.render import environment
 from hpcvod.schedulers import available_schedulers, scheduler_class
 from hpcvod.sites import shipped_dir
 
@@ -66,7 +67,11 @@ def arena():
         mp.setenv("XDG_CONFIG_HOME", str(root / "config"))
         mp.setenv("XDG_CACHE_HOME", str(root / "cache"))  # jinja's compiled templates: inside the arena too
         mp.setenv("HOME", str(root / "home"))
-        yield {"root": root, "calls": calls, "canary": canary}
+        environment.cache_clear()  # the template environment keeps the cache folder it found first
+        try:
+            yield {"root": root, "calls": calls, "canary": canary}
+        finally:
+            environment.cache_clear()  # the arena's cache folder goes away below
     canary.kill()
     canary.wait()
     shutil.rmtree(root, ignore_errors=True)
