@@ -41,6 +41,9 @@ def test_every_scheduler_module_is_complete():
         assert cls.name == name and cls.script_name
         for method in ("submit", "status", "cancel", "parse_job_id"):
             assert getattr(cls, method) is not getattr(Scheduler, method), (name, method)
+        # the one job id check (Scheduler.check_job_id) needs both; no id may start like an option
+        assert cls.job_id_pattern.pattern and cls.job_id_example, name
+        assert not cls.job_id_pattern.fullmatch("-1") and not cls.job_id_pattern.fullmatch("--user=root"), name
 
 
 @pytest.mark.parametrize("text,job_id", [("42\n", "42"), ("42;cluster\n", "42"), ("7_3\n", "7_3")])
