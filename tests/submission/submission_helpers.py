@@ -52,3 +52,15 @@ def wait_until_finished(job: str, cwd: Path, env: dict[str, str], timeout: float
         if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") or time.monotonic() > deadline:
             return status
         time.sleep(0.2)
+
+
+def one_error_line(code: int, err: str, *pieces: str) -> str:
+    """The contract for bad input: exit status 2, one `hpcvod: error:` line holding each piece, no traceback."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hpcvod: error: ")
+    for piece in pieces:
+        assert piece in lines[0], lines[0]
+    return lines[0]

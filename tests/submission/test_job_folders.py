@@ -9,37 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.cli import main
 from hpcvod.schedulers import scheduler_class
 from hpcvod.schedulers.base import SchedulerError
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """``hpcvod ARGS...`` in this process, in an empty folder, with only the shipped site profiles."""
-    for key in [k for k in os.environ if k.startswith("HPCVOD_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-def one_error_line(code: int, err: str, *pieces: str) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("hpcvod: error: ")
-    for piece in pieces:
-        assert piece in lines[0], lines[0]
-    return lines[0]
+from submission_helpers import one_error_line
 
 
 @pytest.fixture

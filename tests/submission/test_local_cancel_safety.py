@@ -6,15 +6,13 @@ no hpcvod job is refused with one line, and that process lives on; status does n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from hpcvod.cli import main
-from submission_helpers import clean_env, hpcvod
+from submission_helpers import clean_env, hpcvod, one_error_line
 
 
 def _start_time(pid: int) -> int:
@@ -41,22 +39,6 @@ def sleepers():
         proc.wait()
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    for key in [k for k in os.environ if k.startswith("HPCVOD_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
 def _folder(tmp_path: Path, **record) -> Path:
     folder = tmp_path / "hpcvod-jobs" / f"job-{len(list(tmp_path.glob('hpcvod-jobs/*')))}"
     folder.mkdir(parents=True)
@@ -66,12 +48,7 @@ def _folder(tmp_path: Path, **record) -> Path:
 
 
 def _refused(code: int, err: str, *pieces: str) -> None:
-    assert code == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert "not signalling pid" in lines[0] and "nothing was killed" in lines[0], lines[0]
-    for piece in pieces:
-        assert piece in lines[0], lines[0]
+    one_error_line(code, err, "not signalling pid", "nothing was killed", *pieces)
 
 
 def test_job_json_naming_another_process_is_refused(tmp_path, cli, sleepers):

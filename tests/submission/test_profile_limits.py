@@ -7,7 +7,6 @@ import os
 import re
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from hpcvod.sites import UserError, load_site
 from hpcvod.sites.loader import MAX_DEPTH, MAX_EXTENDS, MAX_PROFILE_BYTES
-from submission_helpers import NO_USER_CONFIG, clean_env, hpcvod
+from submission_helpers import NO_USER_CONFIG, hpcvod
 
 MINIMAL = ("scheduler: slurm\nlauncher:\n  kind: srun\n  mpi_plugin: pmix\nmpi:\n  flavour: openmpi\n"
            "partitions:\n  gpu:\n    cpus_per_node: 8\n    gpus_per_node: 2\n")

@@ -9,35 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.cli import main
 from hpcvod.jobs.render import RENDERED_MARKER, RENDERED_SHEBANG, is_rendered_script
-from submission_helpers import GOLDEN
+from submission_helpers import GOLDEN, one_error_line
 
 TRAIN = "print('my training script')\n"
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    for key in [k for k in os.environ if k.startswith("HPCVOD_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
-    monkeypatch.chdir(tmp_path)
+def cli(cli, tmp_path):
+    """The in-process CLI of conftest.py, in a folder holding the user's train.py."""
     (tmp_path / "train.py").write_text(TRAIN)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-def _one_line(code: int, err: str, *pieces: str) -> None:
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for piece in pieces:
-        assert piece in err, err
+    return cli
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -47,16 +29,16 @@ def _leftovers(folder: Path) -> list[str]:
 @pytest.mark.parametrize("force", [[], ["--force"]])
 def test_never_over_the_program_it_launches(tmp_path, cli, force):
     code, _, err = cli("render", "-o", "train.py", *force, "train.py")
-    _one_line(code, err, "which the script launches", "even with --force")
+    one_error_line(code, err, "which the script launches", "even with --force")
     assert (tmp_path / "train.py").read_text() == TRAIN
     os.link(tmp_path / "train.py", tmp_path / "hard.sh")
     (tmp_path / "soft.sh").symlink_to("train.py")
     for other_name in ("hard.sh", "soft.sh", str(tmp_path / "." / "train.py")):
         code, _, err = cli("render", "-o", other_name, *force, "train.py")
-        _one_line(code, err, "which the script launches")
+        one_error_line(code, err, "which the script launches")
     (tmp_path / "data.txt").write_text("input")
     code, _, err = cli("render", "-o", "data.txt", *force, "train.py", "data.txt")  # a file on its command line
-    _one_line(code, err, "which the script launches")
+    one_error_line(code, err, "which the script launches")
     assert (tmp_path / "train.py").read_text() == TRAIN and (tmp_path / "data.txt").read_text() == "input"
     assert _leftovers(tmp_path) == []
 
@@ -65,7 +47,7 @@ def test_other_existing_files_need_force(tmp_path, cli):
     mine = tmp_path / "notes.sh"
     mine.write_text("#!/bin/bash\necho my own script\n")
     code, _, err = cli("render", "-o", "notes.sh", "train.py")
-    _one_line(code, err, "-o 'notes.sh': exists and is not a script hpcvod rendered", "--force")
+    one_error_line(code, err, "-o 'notes.sh': exists and is not a script hpcvod rendered", "--force")
     assert mine.read_text() == "#!/bin/bash\necho my own script\n"
     code, _, err = cli("render", "-o", "notes.sh", "--force", "train.py")
     assert code == 0, err
@@ -89,11 +71,11 @@ def test_not_a_regular_file_or_no_folder(tmp_path, cli):
     os.mkfifo(tmp_path / "fifo.sh")
     for name in ("dir.sh", "fifo.sh"):
         code, _, err = cli("render", "-o", name, "--force", "train.py")
-        _one_line(code, err, f"-o '{name}': exists and is not a regular file")
+        one_error_line(code, err, f"-o '{name}': exists and is not a regular file")
     code, _, err = cli("render", "-o", "no/such/folder/job.sh", "train.py")
-    _one_line(code, err, "no such folder 'no/such/folder'")
+    one_error_line(code, err, "no such folder 'no/such/folder'")
     code, _, err = cli("render", "--force", "train.py")
-    _one_line(code, err, "--force goes with -o FILE")
+    one_error_line(code, err, "--force goes with -o FILE")
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path, cli, monkeypatch):
@@ -105,7 +87,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, cli, monkeypatch):
 
     monkeypatch.setattr(os, "replace", disk_full)
     code, _, err = cli("render", "--tasks-per-node", "3", "-o", "job.sh", "train.py")
-    _one_line(code, err, "cannot write the script (No space left on device)")
+    one_error_line(code, err, "cannot write the script (No space left on device)")
     assert (tmp_path / "job.sh").read_text() == before
     assert _leftovers(tmp_path) == []
 
