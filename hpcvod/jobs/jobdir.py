@@ -118,15 +118,16 @@ def ref_from_dir(job_dir: Path) -> JobRef:
 
 
 def _check_outputs(job_dir: Path) -> None:
-    """The files the job writes: an exit status that is no number, or an output.log that is a folder or a FIFO,
-    is reported now rather than by whichever command happens to read it."""
-    from hpcvod.schedulers.base import OUTPUT_FILE, read_exit_file
+    """The files the job and cancel write: an exit status that is no number, an output.log or cancel mark that is
+    a folder or a FIFO, is reported now rather than by whichever command happens to read it."""
+    from hpcvod.schedulers.base import CANCEL_FILE, OUTPUT_FILE, read_exit_file
 
     read_exit_file(job_dir)
-    try:
-        open_regular(job_dir / OUTPUT_FILE, "job output").close()
-    except FileNotFoundError:
-        pass  # not started yet
+    for name, what in ((OUTPUT_FILE, "job output"), (CANCEL_FILE, "cancel mark")):
+        try:
+            open_regular(job_dir / name, what).close()
+        except FileNotFoundError:
+            pass  # not there yet
 
 
 def _is_dir(path: Path) -> bool:

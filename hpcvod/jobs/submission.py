@@ -69,7 +69,8 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
     from hpcvod.sites.errors import UserError
     from hpcvod.sites.loader import load_site_file
 
-    known_scheduler(ref.scheduler, f"job {ref.job_id!r}").check_job_id(ref.job_id)
+    cls = known_scheduler(ref.scheduler, f"job {ref.job_id!r}")
+    cls.check_job_id(ref.job_id)
     if ref.site_source and os.path.isfile(ref.site_source):
         try:
             site = load_site_file(ref.site_source)
@@ -77,7 +78,7 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
                 return site.scheduler()
         except UserError:
             pass  # the profile changed since: the default options still know how to ask
-    return known_scheduler(ref.scheduler, f"job {ref.job_id!r}")()
+    return cls()
 
 
 def job_status(ref: JobRef) -> JobStatus:

@@ -23,6 +23,7 @@ from hpcvod.sites.errors import UserError
 
 PID_MAX = 1 << 22  # Linux's largest pid_max
 SCRIPT_ARGV = ("bash", "job.sh")  # what submit starts, in the job folder: the only process cancel may signal
+GONE = "is not running"  # _why_not_the_job's answer for a process that has ended
 
 
 def _parse_stat(text: str) -> tuple[str, int, int, int]:
@@ -53,7 +54,7 @@ def _why_not_the_job(pid: int, record: dict) -> str | None:
     ended, or the pid now belongs to another process: the OS reuses pids, and job.json can be edited)."""
     stat = _proc_stat(pid)
     if stat is None or stat[0] == "Z":
-        return "is not running"
+        return GONE
     _, group, started = stat
     if record.get("start_time") is None:
         return "cannot be told from a process that got the pid later (job.json records no start time)"
@@ -65,7 +66,7 @@ def _why_not_the_job(pid: int, record: dict) -> str | None:
     try:
         argv = tuple(os.fsdecode(w) for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1])
     except OSError:
-        return "has ended"
+        return GONE
     if argv != SCRIPT_ARGV:
         return f"runs {' '.join(argv)[:80]!r}, not the job script ({' '.join(SCRIPT_ARGV)})"
     return None
@@ -158,7 +159,7 @@ class LocalScheduler(Scheduler):
     def submit(self, job_dir: Path, script: Path) -> Submitted:
         env = without_outer_launch(os.environ)
         with open(job_dir / OUTPUT_FILE, "ab") as log:
-            proc = subprocess.Popen([*SCRIPT_ARGV[:1], script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([SCRIPT_ARGV[0], script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         stat = _proc_stat(proc.pid)  # Popen returns once bash runs: /proc shows the script, not this Python
         # reap it when it ends if this process lives that long (Python API); the CLI exits long before
@@ -199,7 +200,7 @@ class LocalScheduler(Scheduler):
         if not _alive(pid, None):
             return  # already over: nothing to signal
         why_not = _why_not_the_job(pid, record) if record else "is not a job script that hpcvod started"
-        if why_not == "is not running":
+        if why_not == GONE:
             return  # it ended a moment ago
         if why_not is not None:
             raise UserError(f"job {job_id}{f' ({where})' if where else ''}: not signalling pid {pid}: it {why_not}; "

@@ -157,6 +157,7 @@ CORRUPT = [
     ("exitcode negative", _write("exitcode", b"-1\n"), "exitcode", "a number 0-255"),
     ("exitcode Arabic digits", _write("exitcode", "\u0661\n".encode()), "exitcode", "a number 0-255"),
     ("exitcode a folder", _replace_with("folder", "exitcode"), "exitcode", "it is a folder"),
+    ("cancelled a folder", _replace_with("folder", "cancelled"), "cancelled", "it is a folder"),
 ]
 
 
@@ -165,10 +166,11 @@ CORRUPT = [
 def test_corrupt_job_folder_is_one_line(tmp_path, cli, command, label, corrupt, file, problem):
     folder = _job_folder(tmp_path)
     corrupt(folder)
+    before = sorted(p.name for p in folder.iterdir())
     code, out, err = cli(command, str(folder))
     one_error_line(code, err, str(folder / file), problem)
     assert out == ""
-    assert not (folder / "cancelled").exists()
+    assert sorted(p.name for p in folder.iterdir()) == before  # no cancel mark, nothing else
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
