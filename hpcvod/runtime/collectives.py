@@ -19,7 +19,8 @@ import numpy as np
 from . import context, gpu
 from . import handles as K
 from .compression import Compression, Compressor
-from .engine import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, Lane, dumps, loads, mpi_reduce_op, mpi_type)
+from .engine import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, Lane, check_dtype, dumps, loads, mpi_reduce_op,
+                     mpi_type)
 from .errors import HpcvodInputError, HpcvodNotInitializedError
 from .handles import GroupHandle, Handle
 from .process_sets import ProcessSet, global_process_set
@@ -68,8 +69,7 @@ def as_array(tensor: Any, *, writable: bool = False, what: str = "tensor") -> np
             a = np.asarray(tensor)
     if writable and not a.flags.writeable:
         raise HpcvodInputError(f"{what}: an in-place collective needs a writable array")
-    if a.dtype.hasobject or a.dtype.kind in "OUSVMm":
-        raise HpcvodInputError(f"{what}: dtype {a.dtype} cannot be communicated; use a numeric or bool array")
+    check_dtype(a.dtype, what)
     return a
 
 

@@ -70,6 +70,35 @@ def _gpu_operations(raw: str) -> str:
     return low
 
 
+# Settings every rank's engine must share (field -> setting name): ranks that fuse, cache, time or route
+# collectives differently pair the wrong data or wait for each other for ever. init() compares them.
+SHARED_SETTINGS = {"fusion_threshold": "FUSION_THRESHOLD", "cycle_time_ms": "CYCLE_TIME",
+                   "cache_capacity": "CACHE_CAPACITY", "hierarchical_allreduce": "HIERARCHICAL_ALLREDUCE",
+                   "gpu_operations": "GPU_OPERATIONS", "watchdog": "WATCHDOG"}
+
+
+def settings_disagreement(per_rank: list[tuple]) -> Optional[str]:
+    """One line naming every shared setting whose value differs between ranks (``Settings.shared()`` of each
+    rank, in rank order), or None when they agree."""
+    problems = []
+    for i, name in enumerate(SHARED_SETTINGS.values()):
+        ranks_of: dict[object, list[int]] = {}
+        for rank, values in enumerate(per_rank):
+            ranks_of.setdefault(values[i], []).append(rank)
+        if len(ranks_of) > 1:
+            where = "; ".join(f"{value!r} on {_span(ranks)}" for value, ranks in ranks_of.items())
+            problems.append(f"HPCVOD_{name} ({where})")
+    if not problems:
+        return None
+    return ("runtime settings differ between ranks: " + ", ".join(problems) +
+            "; every rank must run with the same value (set it in the job's environment, not per rank)")
+
+
+def _span(ranks: list[int]) -> str:
+    listed = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + listed
+
+
 @dataclass(frozen=True)
 class Settings:
     """The engine's knobs, resolved once at ``init()``."""
@@ -87,6 +116,10 @@ class Settings:
     watchdog: bool = True
     heartbeat_timeout_seconds: float = 30.0
     init_timeout_seconds: float = 300.0
+
+    def shared(self) -> tuple:
+        """The values of SHARED_SETTINGS, for comparison across ranks."""
+        return tuple(getattr(self, field) for field in SHARED_SETTINGS)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":

@@ -10,16 +10,17 @@ import time
 from typing import Any, Optional, Sequence, Union
 
 from . import gpu
-from .config import Settings
-from .errors import (HpcvodError, HpcvodInputError, HpcvodNotInitializedError, HpcvodRankFailureError,
-                     HpcvodStallError)
-from .mpi_start import start_mpi
+from .config import Settings, settings_disagreement
+from .errors import (HpcvodConfigError, HpcvodError, HpcvodInputError, HpcvodNotInitializedError,
+                     HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError)
+from .mpi_start import arm_abort_hook, deadline, disarm_abort_hook, release, start_mpi
 from .process_sets import ProcessSet, global_process_set
 from .world import WorldInfo, check_world_size, hostname
 
 EXIT_RANK_FAILURE = 70   # another rank died or failed; this one was aborted
 EXIT_STALL = 71          # HPCVOD_STALL_SHUTDOWN_TIME_SECONDS was reached
 ABORT_GRACE_SECONDS = 1.0
+LEFT_GRACE_SECONDS = 15.0  # a collective still running this long after a member left is stuck for ever
 
 
 class Runtime:
@@ -49,6 +50,8 @@ class Runtime:
 
 _rt: Optional[Runtime] = None
 _atexit_registered = False
+_closed_watchdog: Any = None   # this rank's channel after shutdown(): at exit it hears how the job ended
+arm_abort_hook()  # an MPI the user started before init() is covered too; it does nothing while MPI is not up
 
 
 def runtime() -> Runtime:
@@ -73,11 +76,34 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
     ``HPCVOD_WORLD_SIZE`` and the launcher's own variables (HpcvodWorldSizeError on a mismatch).
     Calling init() again while initialised does nothing.
     """
-    global _rt, _atexit_registered
+    global _closed_watchdog
     if _rt is not None:
         return
-    settings = Settings.from_env()
+    _closed_watchdog = None
+    try:
+        settings = Settings.from_env()
+    except HpcvodConfigError:
+        # join the MPI world anyway, so that this error ends the whole job (the abort hook) instead of leaving
+        # the other ranks in MPI_Init until their deadline
+        start_mpi(Settings().init_timeout_seconds)
+        raise
     MPI = start_mpi(settings.init_timeout_seconds)
+    arm_abort_hook()   # also when the user started MPI before init()
+    # init()'s own collectives wait for every rank: one that exited, stopped or hangs before init() would
+    # leave the others here for ever
+    guard = deadline(settings.init_timeout_seconds, (
+        f"hpcvod: rank {MPI.COMM_WORLD.Get_rank()} on {hostname()}: hvd.init() has not completed after "
+        f"{settings.init_timeout_seconds:g} s, so this rank stops: some rank never reached init() or stopped "
+        f"in it (it exited, was stopped, or hangs before it; its own output may say why); "
+        f"HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever"))
+    try:
+        _init(MPI, settings, comm, process_sets)
+    finally:
+        release(guard)
+
+
+def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequence[ProcessSet]]) -> None:
+    global _rt, _atexit_registered
 
     from .engine import Lane
     from .timeline import open_timeline
@@ -105,11 +131,14 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
     local_rank, local_size = rt.local_comm.Get_rank(), rt.local_comm.Get_size()
     rt.cross_comm = rt.comm.Split(local_rank, rank)
     me = hostname()
-    everyone = rt.comm.allgather((me, local_size))
+    everyone = rt.comm.allgather((me, local_size, settings.shared()))
+    problem = settings_disagreement([shared for _, _, shared in everyone])
+    if problem:
+        raise HpcvodConfigError(problem)
     rt.info = WorldInfo(
         rank=rank, size=size, local_rank=local_rank, local_size=local_size,
         cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
-        is_homogeneous=len({ls for _, ls in everyone}) == 1, hostname=me,
+        is_homogeneous=len({ls for _, ls, _ in everyone}) == 1, hostname=me,
         thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
     gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
     lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
@@ -122,11 +151,13 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         _register_set(rt, ps)
     rt.watchdog = Watchdog(rank, size, settings, lambda: _pending_everywhere(rt),
                            lambda set_id: rt.sets[set_id].ranks if set_id in rt.sets else None,
-                           lambda reason, kind: _abort_job(rt, reason, kind))
-    warning = rt.watchdog.connect(rt.comm, [h for h, _ in everyone])
+                           lambda reason, kind: _abort_job(rt, reason, kind),
+                           lambda who, where, agreed: _peer_left(rt, who, where, agreed))
+    warning = rt.watchdog.connect(rt.comm, [h for h, _, _ in everyone])
     if warning and rank == 0:
         print(warning, file=sys.stderr, flush=True)
     rt.watchdog.start()
+    disarm_abort_hook()
     rt.prev_excepthook = sys.excepthook
     sys.excepthook = _excepthook
     _rt = rt
@@ -137,7 +168,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
 
 def shutdown() -> None:
     """Shut the runtime down on this rank; operations still pending fail with HpcvodShutdownError."""
-    global _rt
+    global _rt, _closed_watchdog
     rt = _rt
     if rt is None:
         return
@@ -147,13 +178,15 @@ def shutdown() -> None:
         lane = rt.lanes[set_id]
         busy = busy or lane._driving
         lane.stop()
+    agreed = {set_id: lane.agreed for set_id, lane in rt.lanes.items()}
     if rt.timeline is not None:
         timeline, rt.timeline = rt.timeline, None
         for lane in rt.lanes.values():
             lane.timeline = None
         timeline.close()
     if rt.watchdog is not None:
-        rt.watchdog.close()
+        _closed_watchdog = rt.watchdog
+        rt.watchdog.close(agreed)
     for ps in list(rt.sets.values()):
         if ps is not global_process_set:
             ps._invalidate()
@@ -174,6 +207,32 @@ def _pending_everywhere(rt: Runtime) -> list[tuple[int, str, int, float]]:
         for name, kind, age in lane.pending():
             out.append((set_id, name, kind, age))
     return out
+
+
+def _peer_left(rt: Runtime, who: int, where: str, agreed: dict) -> None:
+    """Called by the watchdog when rank ``who`` finished cleanly: collectives of its process sets that it
+    never reached fail on this rank (HpcvodShutdownError). A lane still busy LEFT_GRACE_SECONDS later is stuck
+    in an MPI call the departed rank will never make: then the job ends, naming it."""
+    me = rt.info.rank if rt.info else -1
+    busy = []
+    for set_id, lane in list(rt.lanes.items()):
+        if who not in lane.ranks:
+            continue
+        lane.peer_left(int(agreed.get(str(set_id), 0)), HpcvodShutdownError(
+            f"hpcvod has been shut down: rank {who} ({where}) finished execution (it returned, exited or called "
+            f"shutdown()) while rank {me} still had collectives of process set {set_id} to run with it; every "
+            f"rank must submit the same collectives"))
+        at = lane.busy_at()
+        if at is not None:
+            busy.append((set_id, lane, at))
+    if busy:
+        def watch() -> None:
+            time.sleep(LEFT_GRACE_SECONDS)
+            for set_id, lane, at in busy:
+                if lane.busy_at() == at:
+                    _abort_job(rt, f"rank {who} ({where}) finished execution while rank {me} was inside a "
+                                   f"collective of process set {set_id} that needs it", "failure")
+        threading.Thread(target=watch, name="hpcvod-left", daemon=True).start()
 
 
 def _abort_job(rt: Runtime, reason: str, kind: str) -> None:
@@ -215,6 +274,7 @@ def _excepthook(etype: Any, value: Any, tb: Any) -> None:
 def _at_exit() -> None:
     rt = _rt
     if rt is None:
+        _exit_after_shutdown()
         return
     if rt.failed is not None:
         _hard_exit(rt.exit_code)
@@ -222,6 +282,23 @@ def _at_exit() -> None:
         # The other ranks are aborting; MPI_Finalize could wait for them forever.
         _hard_exit(1)
     shutdown()
+    _exit_after_shutdown()
+
+
+def _exit_after_shutdown() -> None:
+    """This rank finished cleanly. If the job failed meanwhile, MPI_Finalize (next, in mpi4py's exit hook)
+    would wait for ranks that are gone: leave without it, non-zero."""
+    watchdog = _closed_watchdog
+    if watchdog is None:
+        return
+    if not watchdog.closed:   # shutdown() was cut short (an exception or exit inside it)
+        watchdog.report_failure("it exited in the middle of hvd.shutdown()")
+        _hard_exit(1)
+    reason = watchdog.wait_final()
+    if reason:
+        print(f"hpcvod: rank {watchdog.rank}: this rank had finished, but the job failed: {reason}",
+              file=sys.stderr, flush=True)
+        _hard_exit(EXIT_RANK_FAILURE)
 
 
 # ---------------------------------------------------------------------------------- world queries

@@ -65,11 +65,24 @@ _MPI_NAMES = {K.ALLREDUCE: "MPI_ALLREDUCE", K.ALLGATHER: "MPI_ALLGATHERV", K.BRO
 _mpi_types: dict[str, MPI.Datatype] = {}
 
 
+SUPPORTED_DTYPES = ("bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64, "
+                    "complex64, complex128")
+
+
+def check_dtype(dtype: np.dtype, what: str = "tensor") -> None:
+    """Refuse what MPI would move as bytes or reduce as integers: dates and durations (a sum of dates is no
+    date), Python objects (pointers), strings and structured records."""
+    if dtype.hasobject or dtype.kind in "OUSVMm":
+        raise HpcvodInputError(f"{what}: dtype {dtype} is not supported by hpcvod's collectives; supported: "
+                               f"{SUPPORTED_DTYPES} (convert first, e.g. datetime64 with .astype('int64'))")
+
+
 def mpi_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype of a NumPy dtype (cached; raises HpcvodInputError for unsupported dtypes)."""
     key = dtype.str
     t = _mpi_types.get(key)
     if t is None:
+        check_dtype(dtype)
         if dtype == np.bool_:
             t = MPI.C_BOOL
         elif not dtype.isnative:
@@ -266,7 +279,10 @@ class Lane:
         self._join_new = False
         self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
         self._names = itertools.count(1)         # unnamed collectives (next() is atomic under the GIL)
-        self.cycles = 0
+        self.cycles = 0                          # negotiations started (the same sequence on every member)
+        self.agreed = 0                          # negotiations completed
+        # (agreed, error) once a member has left cleanly: negotiations past its count can never complete
+        self._left: Optional[tuple[int, BaseException]] = None
 
     # ----------------------------------------------------------------------------------- submission
     def auto_name(self) -> str:
@@ -349,10 +365,13 @@ class Lane:
                     h.entry = e
                     mask = e.mask
                     self.cycles += 1
+                    if self._left is not None:
+                        self._check_left()
                     buf = bytearray((NOT_JOINED | (self._all_bits & ~mask)).to_bytes(self._nbytes, "little"))
                     req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
                     if not req.Test():
                         self._wait_request(req)
+                    self.agreed = self.cycles
                     g = int.from_bytes(buf, "little")
                     if g & (NEED_FULL | SOME_JOINED) or g & mask:
                         self._waiting[h.name] = h
@@ -488,6 +507,24 @@ class Lane:
         if not driving:
             self._fail_everything(exc)
 
+    def peer_left(self, agreed: int, exc: BaseException) -> None:
+        """A member shut down cleanly after ``agreed`` negotiations of this lane. Negotiations up to that count
+        complete (it took part in them); any later one, pending or future, fails with ``exc`` instead of
+        waiting for ever (Horovod: "Horovod has been shut down ... after one of the ranks finished")."""
+        with self._lock:
+            if self._left is None or agreed < self._left[0]:
+                self._left = (agreed, exc)
+            self._cv.notify_all()
+
+    def _check_left(self) -> None:
+        left = self._left
+        if left is not None and self.cycles > left[0]:
+            raise left[1]
+
+    def busy_at(self) -> Optional[int]:
+        """The negotiation a driver is busy with, or None when the lane is idle."""
+        return self.cycles if self._driving else None
+
     def stop(self) -> None:
         """Shut the lane down: pending operations fail with HpcvodShutdownError."""
         with self._lock:
@@ -598,6 +635,8 @@ class Lane:
         fresh_join = self._join_new
         self._join_new = False
         self.cycles += 1
+        if self._left is not None:
+            self._check_left()
         self._process(self._exchange(word), joined, fresh_join, mine)
 
     def _exchange(self, word: int) -> int:
@@ -606,6 +645,7 @@ class Lane:
         req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
         if not req.Test():
             self._wait_request(req)
+        self.agreed = self.cycles
         return int.from_bytes(buf, "little")
 
     def _process(self, g: int, joined: bool, fresh_join: bool, mine: int) -> None:
@@ -685,6 +725,8 @@ class Lane:
                 continue
             if self._abort is not None:
                 raise self._abort
+            if self._left is not None:
+                self._check_left()
             time.sleep(min(0.001, waited * 0.05))
 
     def _full_round(self, joined: bool) -> list[Handle]:

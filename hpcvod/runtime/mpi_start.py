@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .config import Settings
 from .world import hostname, launcher_rank
@@ -38,6 +38,40 @@ for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
             sys.exit(0)
 """
 
+def _abort_on_uncaught(etype: type, value: BaseException, tb: Any) -> None:
+    """sys.excepthook from MPI's start until init() completes: an uncaught exception on one rank (an import
+    that fails on one node, a bad setting) would leave the other ranks in init()'s collectives for ever, so
+    it ends the whole MPI job (MPI_Abort), naming this rank. init() hands over to the watchdog's hook."""
+    _previous_hook(etype, value, tb)
+    MPI = sys.modules.get("mpi4py.MPI")
+    try:
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+            return
+        rank = MPI.COMM_WORLD.Get_rank()
+    except Exception:
+        return
+    print(f"hpcvod: rank {rank} on {hostname()}: uncaught {etype.__name__} before hvd.init() completed; "
+          f"ending the whole MPI job (MPI_Abort) so that no rank waits for this one", file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(1)
+
+
+_previous_hook: Callable[..., Any] = sys.__excepthook__
+
+
+def arm_abort_hook() -> None:
+    """Install :func:`_abort_on_uncaught` (once)."""
+    global _previous_hook
+    if sys.excepthook is not _abort_on_uncaught:
+        _previous_hook = sys.excepthook
+        sys.excepthook = _abort_on_uncaught
+
+
+def disarm_abort_hook() -> None:
+    """init() completed: uncaught exceptions go to the hook that was there before (the watchdog takes over)."""
+    if sys.excepthook is _abort_on_uncaught:
+        sys.excepthook = _previous_hook
+
+
 def start_mpi(timeout: Optional[float] = None) -> ModuleType:
     """``mpi4py.MPI``, running MPI_Init under a deadline of ``timeout`` seconds if MPI is not started yet.
 
@@ -49,19 +83,33 @@ def start_mpi(timeout: Optional[float] = None) -> ModuleType:
         return started
     if timeout is None:
         timeout = Settings.from_env().init_timeout_seconds
+    arm_abort_hook()
     if timeout <= 0 or not sys.executable:
         from mpi4py import MPI
         return MPI
     rank = launcher_rank()
-    message = (f"hpcvod: rank {'?' if rank is None else rank} on {hostname()}: MPI_Init has not returned after "
-               f"{timeout:g} s, so this rank stops; the launcher's PMI/PMIx service or the network between the "
-               f"ranks did not answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` "
-               f"plugin, a rank that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever")
-    watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), str(timeout), message],
-                               stdin=subprocess.PIPE, close_fds=True)
+    watcher = deadline(timeout, (
+        f"hpcvod: rank {'?' if rank is None else rank} on {hostname()}: MPI_Init has not returned after "
+        f"{timeout:g} s, so this rank stops; the launcher's PMI/PMIx service or the network between the "
+        f"ranks did not answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` "
+        f"plugin, a rank that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever"))
     try:
         from mpi4py import MPI
     finally:
+        release(watcher)
+    return MPI
+
+
+def deadline(timeout: float, message: str) -> Optional[subprocess.Popen]:
+    """A watcher that prints ``message`` and ends this process unless :func:`release` comes within
+    ``timeout`` seconds (for C calls that block with the GIL held, where no Python timer can fire)."""
+    if timeout <= 0 or not sys.executable:
+        return None
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), str(timeout), message],
+                            stdin=subprocess.PIPE, close_fds=True)
+
+
+def release(watcher: Optional[subprocess.Popen]) -> None:
+    if watcher is not None:
         watcher.stdin.close()   # EOF: the watcher leaves at once
         watcher.wait()
-    return MPI

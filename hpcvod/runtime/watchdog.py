@@ -85,13 +85,15 @@ class Watchdog:
     def __init__(self, rank: int, size: int, settings: Any,
                  pending: Callable[[], list[tuple[int, str, int, float]]],
                  set_members: Callable[[int], Optional[list[int]]],
-                 abort: Callable[[str, str], None]) -> None:
+                 abort: Callable[[str, str], None],
+                 left: Optional[Callable[[int, str, dict], None]] = None) -> None:
         self.rank = rank
         self.size = size
         self.settings = settings
         self._pending = pending            # () -> [(set_id, name, kind, age)]
         self._set_members = set_members    # set_id -> global ranks (None if unknown)
         self._abort = abort                # (reason, kind) -> never returns normally
+        self._left = left                  # (rank, "pid P on HOST", {set_id: negotiations}) a rank finished
         self._peers: dict[int, _Peer] = {}
         self._up: Optional[socket.socket] = None     # non-zero ranks: the socket to rank 0
         self._up_buf = b""
@@ -102,6 +104,9 @@ class Watchdog:
         self._closing = False
         self._send_lock = threading.Lock()
         self._warned: dict[tuple[int, str], float] = {}
+        # after this rank's clean shutdown: how the job ended ("" = every rank finished), once rank 0 says
+        self._final = threading.Event()
+        self._final_word = ""
         self._local_warned: dict[tuple[int, str], float] = {}
 
     # ------------------------------------------------------------------------------------- setup
@@ -276,6 +281,7 @@ class Watchdog:
             t = msg.get("t")
             if t == "bye":
                 peer.said_bye = True
+                self._relay_left(peer.rank, f"pid {peer.pid} on {peer.host}", msg.get("agreed") or {})
             elif t == "pending":
                 peer.report = msg["items"]
                 peer.report_time = time.monotonic()
@@ -296,6 +302,8 @@ class Watchdog:
             self._up = None
             if not self._closing:
                 self._abort("rank 0 died: its control connection closed without a clean shutdown", "failure")
+            elif not self._final.is_set():
+                self._end_after_close("rank 0 died: its control connection closed without a clean shutdown")
             return
         self._up_heard = time.monotonic()
         self._up_buf += chunk
@@ -303,9 +311,26 @@ class Watchdog:
             line, self._up_buf = self._up_buf.split(b"\n", 1)
             msg = json.loads(line.decode())
             if msg.get("t") == "abort":
-                self._abort(msg["reason"], msg.get("kind", "failure"))
+                if self._closing:   # this rank has finished: its exit says how the job ended, see wait_final
+                    self._end_after_close(msg["reason"])
+                else:
+                    self._abort(msg["reason"], msg.get("kind", "failure"))
+            elif msg.get("t") == "left":
+                if self._left is not None:
+                    self._left(int(msg["rank"]), str(msg.get("who", "")), msg.get("agreed") or {})
             elif msg.get("t") == "bye":
                 self._closing = True   # rank 0 finished cleanly; its EOF is no failure
+                self._final.set()
+
+    def _relay_left(self, rank: int, who: str, agreed: dict) -> None:
+        """Rank 0: ``rank`` finished cleanly; tell the ranks still running (and this one), so that collectives
+        that need it fail instead of waiting for ever."""
+        note = {"t": "left", "rank": rank, "who": who, "agreed": agreed}
+        for peer in list(self._peers.values()):
+            if not peer.said_bye:
+                self._send_peer(peer, note)
+        if self._left is not None and not self._closing:
+            self._left(rank, who, agreed)
 
     def _rank_failed(self, reason: str, kind: str) -> None:
         """Rank 0: tell every other rank, then abort this one."""
@@ -329,8 +354,12 @@ class Watchdog:
             if self._up is not None:
                 mine = [list(item) for item in self._pending() if item[3] > REPORT_AFTER_SECONDS]
                 self._send_up({"t": "pending", "items": mine} if mine else {"t": "hb"})
-                if timeout and not self._closing and now - self._up_heard > timeout:
-                    self._abort(f"rank 0 has not been heard from for {now - self._up_heard:.0f} s", "failure")
+                if timeout and now - self._up_heard > timeout:
+                    reason = f"rank 0 has not been heard from for {now - self._up_heard:.0f} s"
+                    if not self._closing:
+                        self._abort(reason, "failure")
+                    elif not self._final.is_set():
+                        self._end_after_close(reason)
             elif self._stall_enabled():
                 self._inspect_local(now)
 
@@ -418,17 +447,41 @@ class Watchdog:
             self._closing = True
             self._send_up({"t": "fail", "reason": reason})
 
-    def close(self) -> None:
-        """Clean shutdown. Rank 0 keeps watching until every other rank has said goodbye or died."""
+    @property
+    def closed(self) -> bool:
+        """Whether close() has said goodbye (or the channel was never up)."""
+        return self._closing or not self._channel
+
+    def _end_after_close(self, reason: str) -> None:
+        self._final_word = reason
+        self._final.set()
+
+    def wait_final(self) -> str:
+        """After close(), on a rank other than 0: wait until rank 0 says how the job ended; "" when every rank
+        finished, else why it failed (then MPI_Finalize would wait for failed ranks for ever)."""
+        if self.rank == 0 or not self._channel or self._thread is None:
+            return ""
+        while not self._final.wait(0.5):
+            if not self._thread.is_alive():
+                return ""
+        self._stop.set()
+        return self._final_word
+
+    def close(self, agreed: Optional[dict[int, int]] = None) -> None:
+        """Clean shutdown. ``agreed``: negotiations this rank completed, per process set (the others' later
+        collectives with it fail). Rank 0 keeps watching until every other rank has said goodbye or died."""
+        agreed = {str(k): v for k, v in (agreed or {}).items()}
         if self.rank == 0 and self._channel and self._thread is not None:
             self._closing = True
+            self._relay_left(0, f"pid {os.getpid()} on {socket.gethostname()}", agreed)
             while any(not p.said_bye for p in list(self._peers.values())) and self._thread.is_alive():
                 time.sleep(0.01)
             for peer in list(self._peers.values()):
                 self._send_peer(peer, {"t": "bye"})
         elif self._up is not None:
             self._closing = True
-            self._send_up({"t": "bye"})
+            self._send_up({"t": "bye", "agreed": agreed})
+            return   # the thread stays to hear how the job ends (wait_final, at exit)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
