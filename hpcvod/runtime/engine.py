@@ -233,6 +233,7 @@ def fuse_key(sig: tuple) -> Any:
 # A request waiting longer than this forces a full round even when every rank's requests are cached, so
 # that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
 FULL_ROUND_AFTER_SECONDS = 1.0
+DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
 SPIN_SECONDS = 0.002       # see Lane._wait_request
 
 
@@ -283,6 +284,7 @@ class Lane:
         self.agreed = 0                          # negotiations completed
         # (agreed, error) once a member has left cleanly: negotiations past its count can never complete
         self._left: Optional[tuple[int, BaseException]] = None
+        self._for_caller = False                 # the driver runs for a caller that waits (not the bg thread)
 
     # ----------------------------------------------------------------------------------- submission
     def auto_name(self) -> str:
@@ -353,6 +355,7 @@ class Lane:
         This is every blocking call of a training loop, so it avoids everything the general cycle needs
         for many requests (kept in step with _cycle and _process).
         """
+        self._for_caller = True
         try:
             if h.kind == K.JOIN:
                 self._join = h
@@ -438,6 +441,7 @@ class Lane:
 
     def _drive(self, target: Optional[Handle]) -> None:
         """Run cycles until ``target`` is done (or, for the background thread, until no work is left)."""
+        self._for_caller = target is not None
         try:
             while True:
                 self._cycle()
@@ -734,13 +738,13 @@ class Lane:
         waiting = self._waiting
         items = [(h.name, h.key if h.unnamed else None, h.entry.bit if h.entry is not None else h.sig)
                  for h in waiting.values()]
-        everyone = self.comm.allgather((joined, items))
+        everyone = self.comm.allgather((joined, items, self._stuck()))
         by_bit = self._by_bit
         seen: dict[str, dict[int, tuple]] = {}
         keys: dict[str, Any] = {}
         order: list[str] = []
-        active = [r for r, (j, _) in enumerate(everyone) if not j]
-        for r, (_, its) in enumerate(everyone):
+        active = [r for r, (j, _, _) in enumerate(everyone) if not j]
+        for r, (_, its, _) in enumerate(everyone):
             for name, key, s in its:
                 sig = by_bit[s].sig if isinstance(s, int) else s
                 d = seen.get(name)
@@ -772,7 +776,32 @@ class Lane:
                     f"collective {name!r} differs across ranks (process set {self.set_id}): {detail}")
                 if mine is not None:
                     self._finish(mine, err)
+        if not out and len(active) == self.size and all(stuck for _, _, stuck in everyone):
+            self._fail_deadlock(everyone)
         return out
+
+    def _stuck(self) -> bool:
+        """This rank can submit nothing more: a caller waits on a collective, nothing new came for a while."""
+        if self._queue or not (self._for_caller or self._nwaiters) or not self._waiting:
+            return False
+        newest = max(h.t_submit for h in self._waiting.values())
+        return _perf() - newest > DEADLOCK_AFTER_SECONDS
+
+    def _fail_deadlock(self, everyone: list) -> None:
+        """Every member waits on collectives no other member submitted, and none can submit more: a rank
+        skipped collectives (an exception it caught between two of them) and the ranks are out of step. Waiting
+        would hang for ever; the same error on every member is what the user can act on."""
+        def listing(items: list) -> str:
+            names = [repr(name) for name, _, _ in items[:4]]
+            return ", ".join(names) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+
+        detail = "; ".join(f"rank {self.ranks[r]} waits for {listing(its)}" for r, (_, its, _) in enumerate(everyone))
+        err = HpcvodMismatchError(
+            f"ranks are out of step in process set {self.set_id}: every rank waits for collectives that no other "
+            f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")
+        for h in list(self._waiting.values()):
+            self._finish(h, err)
+        self._waiting.clear()
 
     def _complete_join(self, fresh: bool) -> None:
         """Every rank has joined: agree on the last one to join and release join() everywhere."""

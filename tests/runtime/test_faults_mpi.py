@@ -83,3 +83,18 @@ def test_a_bad_setting_on_one_rank_ends_the_job_naming_it(mpich) -> None:
     assert "HPCVOD_CYCLE_TIME='fast': expected a non-negative number of milliseconds" in run.stderr, run.explain()
     assert re.search(r"hpcvod: rank 2 on \S+: uncaught HpcvodConfigError before hvd.init\(\) completed",
                      run.stderr), run.explain()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("naming", ["named", "unnamed"])
+def test_a_caught_failure_on_one_rank_gives_a_mismatch_everywhere_not_a_hang(mpich, naming: str) -> None:
+    run = mpich.run(2, "w_out_of_step.py", naming, timeout=60)
+    assert run.returncode == 0, run.explain()
+    assert "rank 1 caught: injected failure" in run.stdout, run.explain()
+    for rank in (0, 1):
+        assert f"rank {rank} done, 1 mismatch error(s)" in run.stdout, run.explain()
+    if naming == "named":
+        assert ("every rank waits for collectives that no other rank submitted (rank 0 waits for 'backward.2'; "
+                "rank 1 waits for 'forward.3')") in run.stdout, run.explain()
+    else:   # unnamed collectives pair by position: the shapes differ, so the pairing error names both
+        assert "rank 0: allreduce(dtype=float64, shape=(6,)" in run.stdout, run.explain()

@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 import hpcvod.runtime as hvd
-from hpcvod.runtime import context, watchdog
+from hpcvod.runtime import watchdog
+from hpcvod.runtime.mpi_start import start_mpi
 
 victim, fault, phase = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 
@@ -31,8 +32,8 @@ def strike() -> None:
     time.sleep(3600)
 
 
-from mpi4py import MPI  # noqa: E402  (MPI starts here, before init)
-
+# MPI starts here, before init(), as the first use of hvd.Sum & co. would start it (MPI_Init under its deadline)
+MPI = start_mpi()
 me = MPI.COMM_WORLD.Get_rank()
 if me == victim and phase == "before-init":
     strike()
