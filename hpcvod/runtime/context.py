@@ -131,14 +131,14 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
     local_rank, local_size = rt.local_comm.Get_rank(), rt.local_comm.Get_size()
     rt.cross_comm = rt.comm.Split(local_rank, rank)
     me = hostname()
-    everyone = rt.comm.allgather((me, local_size, settings.shared()))
-    problem = settings_disagreement([shared for _, _, shared in everyone])
+    everyone = rt.comm.allgather((me, local_size, settings.shared(), os.getpid()))
+    problem = settings_disagreement([shared for _, _, shared, _ in everyone])
     if problem:
         raise HpcvodConfigError(problem)
     rt.info = WorldInfo(
         rank=rank, size=size, local_rank=local_rank, local_size=local_size,
         cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
-        is_homogeneous=len({ls for _, ls, _ in everyone}) == 1, hostname=me,
+        is_homogeneous=len({ls for _, ls, _, _ in everyone}) == 1, hostname=me,
         thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
     gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
     lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
@@ -153,7 +153,7 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
                            lambda set_id: rt.sets[set_id].ranks if set_id in rt.sets else None,
                            lambda reason, kind: _abort_job(rt, reason, kind),
                            lambda who, where, agreed: _peer_left(rt, who, where, agreed))
-    warning = rt.watchdog.connect(rt.comm, [h for h, _, _ in everyone])
+    warning = rt.watchdog.connect(rt.comm, [(host, pid) for host, _, _, pid in everyone])
     if warning and rank == 0:
         print(warning, file=sys.stderr, flush=True)
     rt.watchdog.start()

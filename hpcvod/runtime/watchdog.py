@@ -20,8 +20,11 @@ this rank's own waiting collectives, and dead ranks are left to the launcher.
 
 from __future__ import annotations
 
+import collections
+import hmac
 import json
 import os
+import secrets
 import selectors
 import socket
 import struct
@@ -35,6 +38,8 @@ from . import handles as K
 HEARTBEAT_SECONDS = 1.0
 REPORT_AFTER_SECONDS = 0.5      # a collective waiting longer than this is reported to rank 0
 REPORT_STALE_SECONDS = 3.5      # a report older than this no longer counts as "this rank has it pending"
+MAX_LINE = 64 * 1024            # no message of the channel is longer; a longer line is dropped
+MAX_REPORTED = 100              # pending collectives a rank reports at most (keeps its lines short)
 
 
 def _interface_addresses() -> list[str]:
@@ -108,52 +113,45 @@ class Watchdog:
         self._final = threading.Event()
         self._final_word = ""
         self._local_warned: dict[tuple[int, str], float] = {}
+        self._reported: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------------------------- setup
-    def connect(self, comm: Any, hostnames: list[str]) -> Optional[str]:
-        """Collective over ``comm`` (the init communicator): build the channel. Returns a warning or None."""
+    def connect(self, comm: Any, identities: list[tuple[str, int]]) -> Optional[str]:
+        """Collective over ``comm`` (the init communicator): build the channel. ``identities``: (host, pid) of
+        every rank as MPI gathered them; a hello must match its rank's. Returns a warning or None."""
         if self.size == 1 or not self.settings.watchdog:
             return None
         from mpi4py import MPI
-        listener = None
+        listeners: list[socket.socket] = []
         if self.rank == 0:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            one_host = len(set(hostnames)) == 1
-            listener.bind(("127.0.0.1" if one_host else "0.0.0.0", 0))
-            listener.listen(min(self.size, 4096))
-            port = listener.getsockname()[1]
+            # only the addresses the ranks will use, never 0.0.0.0; the token travels over MPI, not the network
+            one_host = len({host for host, _ in identities}) == 1
             addresses = ["127.0.0.1"] if one_host else _interface_addresses()
-            info = (addresses, port)
+            port = 0
+            for address in addresses:
+                try:
+                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    listener.bind((address, port))
+                    listener.listen(min(self.size, 4096))
+                    port = listener.getsockname()[1]
+                    listeners.append(listener)
+                except OSError:   # a second address on the same port may be taken: that address is skipped
+                    listener.close()
+            addresses = [l.getsockname()[0] for l in listeners]
+            info = (addresses, port, secrets.token_hex(32))
         else:
             info = None
-        addresses, port = comm.bcast(info, root=0)
+        addresses, port, token = comm.bcast(info, root=0)
         problem = ""
         if self.rank == 0:
             failed = __import__("numpy").zeros(1, "i8")
             req = comm.Iallreduce(MPI.IN_PLACE, [failed, MPI.INT64_T], MPI.SUM)
-            listener.settimeout(0.05)
-            deadline = time.monotonic() + 120.0
-            done = False
-            while len(self._peers) < self.size - 1 and time.monotonic() < deadline:
-                if not done:
-                    done = req.Test()
-                    if done and failed[0]:
-                        break
-                try:
-                    conn, _ = listener.accept()
-                except socket.timeout:
-                    continue
-                conn.settimeout(10.0)
-                hello = self._read_line_blocking(conn)
-                if hello and hello.get("t") == "hello":
-                    conn.settimeout(5.0)
-                    self._peers[hello["rank"]] = _Peer(hello["rank"], conn, hello["pid"], hello["host"])
-                else:
-                    conn.close()
+            done = self._accept_ranks(listeners, token, identities, lambda: req.Test(), failed)
             if not done:
                 req.Wait()
-            listener.close()
+            for listener in listeners:
+                listener.close()
             ok = len(self._peers) == self.size - 1 and not failed[0]
             if not ok:
                 problem = (f"{int(failed[0])} rank(s) could not connect to rank 0 at {addresses} port {port}"
@@ -166,7 +164,7 @@ class Watchdog:
                     sock.settimeout(5.0)
                     self._up = sock
                     self._send_up({"t": "hello", "rank": self.rank, "pid": os.getpid(),
-                                   "host": socket.gethostname()})
+                                   "host": identities[self.rank][0], "token": token})
                     break
                 except OSError as exc:
                     error = exc
@@ -189,6 +187,94 @@ class Watchdog:
         self._channel = True
         return None
 
+    def _accept_ranks(self, listeners: list[socket.socket], token: str, identities: list[tuple[str, int]],
+                      test: Callable[[], bool], failed: Any) -> bool:
+        """Rank 0: accept one hello per rank until every rank is in (or one reports that it cannot connect).
+        Nothing a stranger sends can stop or slow this: connections are read without blocking, lines are
+        bounded, and a hello without the job's token or with the wrong rank, pid or host is dropped, counted
+        and named in one warning. Returns whether ``test`` (the ranks' own report) completed."""
+        selector = selectors.DefaultSelector()
+        for listener in listeners:
+            listener.setblocking(False)
+            selector.register(listener, selectors.EVENT_READ, None)
+        refused: list[str] = []
+        done = False
+        deadline = time.monotonic() + 120.0
+        try:
+            while len(self._peers) < self.size - 1 and time.monotonic() < deadline:
+                if not done:
+                    done = test()
+                    if done and failed[0]:
+                        break
+                for key, _ in selector.select(0.05):
+                    if key.data is None:
+                        try:
+                            conn, _ = key.fileobj.accept()
+                        except OSError:
+                            continue
+                        conn.setblocking(False)
+                        selector.register(conn, selectors.EVENT_READ, bytearray())
+                        continue
+                    conn, buf = key.fileobj, key.data
+                    try:
+                        chunk = conn.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    buf += chunk
+                    line_end = buf.find(b"\n")
+                    why = ("closed before a hello" if not chunk else
+                           f"a line longer than {MAX_LINE // 1024} KiB" if line_end < 0 and len(buf) > MAX_LINE
+                           else None)
+                    if why is None and line_end < 0:
+                        continue
+                    selector.unregister(conn)
+                    if why is None:
+                        why, hello = self._check_hello(bytes(buf[:line_end]), token, identities)
+                    if why is not None:
+                        refused.append(why)
+                        conn.close()
+                        continue
+                    conn.setblocking(True)
+                    conn.settimeout(5.0)
+                    peer = _Peer(hello["rank"], conn, hello["pid"], hello["host"])
+                    peer.buf = bytes(buf[line_end + 1:])
+                    self._peers[peer.rank] = peer
+        finally:
+            for key in list(selector.get_map().values()):
+                if key.data is not None:
+                    key.fileobj.close()
+            selector.close()
+        if refused:
+            counts = collections.Counter(refused)
+            shown = "; ".join(f"{n} x {why}" if n > 1 else why for why, n in list(counts.items())[:12])
+            print(f"hpcvod: rank 0: the control channel refused {len(refused)} connection(s) that were not this "
+                  f"job's ranks: {shown}", file=sys.stderr, flush=True)
+        return done
+
+    def _check_hello(self, line: bytes, token: str, identities: list[tuple[str, int]]) -> tuple[Optional[str], Any]:
+        """(why a hello is refused, or None; the hello)."""
+        try:
+            hello = json.loads(line.decode())
+        except (UnicodeDecodeError, ValueError):
+            return "not a JSON hello line", None
+        if not isinstance(hello, dict) or hello.get("t") != "hello":
+            return f"a message of type {str(hello.get('t'))[:20]!r} before any hello" if isinstance(hello, dict) \
+                else "not a hello", None
+        if not isinstance(hello.get("token"), str) or not hmac.compare_digest(hello["token"], token):
+            return "no or a wrong job token", None
+        rank = hello.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 < rank < self.size:
+            return f"rank {str(rank)[:20]} out of range", None
+        if rank in self._peers:
+            return f"rank {rank} already connected", None
+        host, pid = identities[rank]
+        if hello.get("pid") != pid or hello.get("host") != host:
+            return f"rank {rank} from pid {str(hello.get('pid'))[:12]} on {str(hello.get('host'))[:64]!r}, " \
+                   f"where MPI has pid {pid} on {host!r}", None
+        return None, hello
+
     def start(self) -> None:
         if self._channel or self._stall_enabled():
             self._thread = threading.Thread(target=self._main, name="hpcvod-watchdog", daemon=True)
@@ -203,18 +289,31 @@ class Watchdog:
     def _encode(msg: dict) -> bytes:
         return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
 
-    @staticmethod
-    def _read_line_blocking(conn: socket.socket) -> Optional[dict]:
-        data = b""
-        try:
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return None
-                data += chunk
-            return json.loads(data.decode())
-        except (OSError, ValueError):
-            return None
+    def _messages(self, buf: bytes, source: str) -> tuple[list[dict], bytes]:
+        """The complete messages in ``buf`` and what is left. A malformed line, or one over MAX_LINE, is
+        dropped and reported once: it must never stop the watchdog (failure detection would be off)."""
+        out = []
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        if len(rest) > MAX_LINE:
+            self._malformed(source, f"a line longer than {MAX_LINE // 1024} KiB")
+            rest = b""
+        for line in lines:
+            try:
+                msg = json.loads(line.decode())
+            except (UnicodeDecodeError, ValueError):
+                msg = None
+            if isinstance(msg, dict) and isinstance(msg.get("t"), str):
+                out.append(msg)
+            else:
+                self._malformed(source, "a line that is not a message")
+        return out, rest
+
+    def _malformed(self, source: str, what: str) -> None:
+        if (source, what) not in self._reported:
+            self._reported.add((source, what))
+            print(f"hpcvod: rank {self.rank}: ignored {what} from {source} on the control channel",
+                  file=sys.stderr, flush=True)
 
     def _send_up(self, msg: dict) -> bool:
         if self._up is None:
@@ -274,21 +373,21 @@ class Watchdog:
                                   f"connection closed without a clean shutdown", "failure")
             return
         peer.last_heard = time.monotonic()
-        peer.buf += chunk
-        while b"\n" in peer.buf:
-            line, peer.buf = peer.buf.split(b"\n", 1)
-            msg = json.loads(line.decode())
+        messages, peer.buf = self._messages(peer.buf + chunk, f"rank {peer.rank}")
+        for msg in messages:
             t = msg.get("t")
             if t == "bye":
                 peer.said_bye = True
-                self._relay_left(peer.rank, f"pid {peer.pid} on {peer.host}", msg.get("agreed") or {})
-            elif t == "pending":
-                peer.report = msg["items"]
+                agreed = msg.get("agreed")
+                self._relay_left(peer.rank, f"pid {peer.pid} on {peer.host}",
+                                 agreed if isinstance(agreed, dict) else {})
+            elif t == "pending" and isinstance(msg.get("items"), list):
+                peer.report = [i for i in msg["items"] if isinstance(i, list) and len(i) == 4]
                 peer.report_time = time.monotonic()
             elif t == "fail":
                 peer.said_bye = True
-                self._rank_failed(f"rank {peer.rank} (pid {peer.pid} on {peer.host}) failed: {msg['reason']}",
-                                  "failure")
+                self._rank_failed(f"rank {peer.rank} (pid {peer.pid} on {peer.host}) failed: "
+                                  f"{str(msg.get('reason'))[:2000]}", "failure")
 
     def _read_up(self, selector: selectors.BaseSelector) -> None:
         assert self._up is not None
@@ -306,18 +405,18 @@ class Watchdog:
                 self._end_after_close("rank 0 died: its control connection closed without a clean shutdown")
             return
         self._up_heard = time.monotonic()
-        self._up_buf += chunk
-        while b"\n" in self._up_buf:
-            line, self._up_buf = self._up_buf.split(b"\n", 1)
-            msg = json.loads(line.decode())
+        messages, self._up_buf = self._messages(self._up_buf + chunk, "rank 0")
+        for msg in messages:
             if msg.get("t") == "abort":
+                reason = str(msg.get("reason"))[:4000]
                 if self._closing:   # this rank has finished: its exit says how the job ended, see wait_final
-                    self._end_after_close(msg["reason"])
+                    self._end_after_close(reason)
                 else:
-                    self._abort(msg["reason"], msg.get("kind", "failure"))
-            elif msg.get("t") == "left":
+                    self._abort(reason, "stall" if msg.get("kind") == "stall" else "failure")
+            elif msg.get("t") == "left" and isinstance(msg.get("rank"), int) and \
+                    isinstance(msg.get("agreed") or {}, dict):
                 if self._left is not None:
-                    self._left(int(msg["rank"]), str(msg.get("who", "")), msg.get("agreed") or {})
+                    self._left(msg["rank"], str(msg.get("who", "")), msg.get("agreed") or {})
             elif msg.get("t") == "bye":
                 self._closing = True   # rank 0 finished cleanly; its EOF is no failure
                 self._final.set()
@@ -352,7 +451,7 @@ class Watchdog:
             self._inspect_stalls(now)
         else:
             if self._up is not None:
-                mine = [list(item) for item in self._pending() if item[3] > REPORT_AFTER_SECONDS]
+                mine = [list(item) for item in self._pending() if item[3] > REPORT_AFTER_SECONDS][:MAX_REPORTED]
                 self._send_up({"t": "pending", "items": mine} if mine else {"t": "hb"})
                 if timeout and now - self._up_heard > timeout:
                     reason = f"rank 0 has not been heard from for {now - self._up_heard:.0f} s"

@@ -98,3 +98,24 @@ def test_a_caught_failure_on_one_rank_gives_a_mismatch_everywhere_not_a_hang(mpi
                 "rank 1 waits for 'forward.3')") in run.stdout, run.explain()
     else:   # unnamed collectives pair by position: the shapes differ, so the pairing error names both
         assert "rank 0: allreduce(dtype=float64, shape=(6,)" in run.stdout, run.explain()
+
+
+@pytest.mark.mpi
+def test_strangers_at_the_control_channel_are_refused_and_detection_still_works(mpich) -> None:
+    run = mpich.run(3, "w_channel_attack.py", timeout=90, no_cleanup=True)
+    assert "ATTACKS SENT" in run.stdout, run.explain()
+    for rank in range(3):
+        assert f"rank {rank} TRAINED OK" in run.stdout, run.explain()
+    refused = re.search(r"hpcvod: rank 0: the control channel refused (\d+) connection\(s\) that were not this "
+                        r"job's ranks: (.*)", run.stderr)
+    assert refused, run.explain()
+    assert int(refused.group(1)) >= 8, run.explain()
+    for why in ("2 x no or a wrong job token", "rank 7 out of range", "rank 1 from pid 1 on",
+                "rank 2 already connected", "a line longer than 64 KiB", "not a JSON hello line",
+                "a message of type 'abort' before any hello"):
+        assert why in refused.group(2), run.explain()
+    assert "forged" not in run.stderr.replace("a forged abort", ""), run.explain()
+    assert run.returncode != 0 and run.seconds < 60, run.explain()
+    for survivor in (0, 1):
+        assert re.search(rf"hpcvod: rank {survivor}: aborting the job: rank 2 {PID} died", run.stderr), \
+            run.explain()
