@@ -52,8 +52,16 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--queue", "-q", dest="partition", help="same as --partition")
     p.add_argument("--account", "-A", help="account/project to charge (default: the site's)")
     p.add_argument("--job-name", "-J", help="job name (default: the script's name)")
-    p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable for every rank (repeatable); the value is passed verbatim")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE|KEY",
+                   help="environment variable for every rank (repeatable); KEY=VALUE is written into the script "
+                   "verbatim; a bare KEY takes its value from this environment at submit time and is never written "
+                   "(for tokens: see --secret-env)")
+    p.add_argument("--secret-env", action="append", default=[], metavar="KEY",
+                   help="like --env KEY: the job gets KEY's value from this environment through the scheduler; only "
+                   "the name is written (script, request.json); repeatable")
+    p.add_argument("--shared-job-dir", action="store_true", default=None,
+                   help="make the job folder readable by your group (0750/0640) instead of you only (0700/0600); "
+                   "default: the site's jobs.shared_with_group")
     p.add_argument("--container", help="container image to run the ranks in (the site's container runtime)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -146,14 +154,15 @@ def _split_program(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
 
 
 def _job_spec(args: argparse.Namespace, program: list[str]):
-    from hpcvod.jobs.spec import JobSpec, parse_env
+    from hpcvod.jobs.spec import JobSpec, parse_job_env
 
     if not program:
         raise UserError("missing SCRIPT: expected a script or command to run (hpcvod submit [OPTIONS] SCRIPT [ARGS...])")
+    env, secret_env = parse_job_env(args.env, args.secret_env)
     return JobSpec(program=program[0], args=tuple(program[1:]), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                    tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
-                   partition=args.partition, account=args.account, job_name=args.job_name, env=parse_env(args.env),
-                   container=args.container)
+                   partition=args.partition, account=args.account, job_name=args.job_name, env=env,
+                   container=args.container, secret_env=secret_env, shared_job_dir=args.shared_job_dir)
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
@@ -177,7 +186,10 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
     from hpcvod.jobs.jobdir import DEFAULT_ROOT
     from hpcvod.jobs.submission import follow_output, submit_prepared, wait_for
 
+    from hpcvod.jobs.submission import secret_values
+
     prepared = _prepare(args, program, argv)
+    secret_values(prepared.plan.secret_env)  # a secret not set here is refused by a dry run too
     if args.dry_run:
         if args.json:
             _print_json({"plan": prepared.plan.to_dict(), "script": prepared.script})

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from hpcvod.jobs.shell import safe_name
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_regular, read_text_bounded, write_atomic
+from hpcvod.sites.files import make_dir, open_append, open_regular, read_text_bounded, write_atomic
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"
@@ -26,23 +26,75 @@ def default_roots() -> list[Path]:
     return roots + [Path(DEFAULT_ROOT)]
 
 
-def create_job_dir(root: Path, job_name: str, now: float | None = None) -> Path:
-    """A new folder ``root/<name>-<YYYYmmdd-HHMMSS>[-N]``; an existing folder is never reused."""
+@dataclass(frozen=True)
+class JobModes:
+    """Permissions of a job folder and what hpcvod writes in it: private to the owner by default, readable by
+    the group (never by others) when the user or the site profile shares job folders (docs/submission.md)."""
+
+    folder: int
+    file: int
+    script: int
+    umask: int  # what the rendered script sets before it writes anything (its logs, exitcode)
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.folder & 0o070)
+
+
+PRIVATE = JobModes(folder=0o700, file=0o600, script=0o700, umask=0o077)
+SHARED = JobModes(folder=0o750, file=0o640, script=0o750, umask=0o027)
+
+
+def job_modes(shared: bool) -> JobModes:
+    return SHARED if shared else PRIVATE
+
+
+def modes_of(job_dir: Path) -> JobModes:
+    """The modes for files written later into an existing job folder (job.json, the cancel mark, output.log):
+    shared if the folder itself lets its group in."""
+    try:
+        return job_modes(bool(os.stat(job_dir).st_mode & 0o070))
+    except OSError:
+        return PRIVATE
+
+
+def create_job_dir(root: Path, job_name: str, now: float | None = None, shared: bool = False) -> Path:
+    """A new folder ``root/<name>-<YYYYmmdd-HHMMSS>[-N]``; an existing folder is never reused. The folder (and
+    ``root`` when this creates it; an existing root keeps its mode) is private, or group-readable with
+    ``shared``, whatever the umask."""
+    modes = job_modes(shared)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            make_dir(root, modes.folder)
+        except FileExistsError:
+            pass  # made a moment ago by another submit: its mode stays
     base = f"{safe_name(job_name, 48)}-{stamp}"
     for attempt in range(1, 10_000):
         path = root / (base if attempt == 1 else f"{base}-{attempt}")
         try:
-            path.mkdir()  # atomic: two submits in the same second get different folders
+            make_dir(path, modes.folder)  # atomic: two submits in the same second get different folders
             return path.resolve()
         except FileExistsError:
             continue
     raise UserError(f"{root}: cannot create a new job folder for {base}")
 
 
+def write_job_file(path: Path, text: str, executable: bool = False) -> None:
+    """THE way hpcvod writes a file into a job folder: in one step (write_atomic), with the folder's modes
+    (owner-only, or group-readable in a shared folder) whatever the umask."""
+    modes = modes_of(path.parent)
+    write_atomic(path, text, mode=modes.script if executable else modes.file, exact=True)
+
+
+def open_job_log(path: Path):  # -> BinaryIO
+    """A log in a job folder opened for appending; created with the folder's file mode whatever the umask."""
+    return open_append(path, modes_of(path.parent).file)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_job_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -63,6 +63,8 @@ class LaunchPlan:
     container: str | None
     command: tuple[str, ...]
     hpcvod_version: str = __version__
+    secret_env: tuple[str, ...] = ()  # names only: the scheduler hands the values over (never written)
+    shared_job_dir: bool = False  # job folder group-readable (else owner only)
 
     @property
     def env(self) -> dict[str, str]:
@@ -217,8 +219,16 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         if key in CONTRACT_ENV:
             raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
         user_env[key] = value
+    secret_env = tuple(dict.fromkeys(spec.secret_env))
+    for key in secret_env:
+        if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
+            raise UserError(f"--secret-env {key!r}: expected KEY, a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if key in CONTRACT_ENV:
+            raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
+        if key in user_env:
+            raise UserError(f"--env {key}: given both as KEY=VALUE and as a secret KEY; choose one")
     contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name}
-    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *user_env]
+    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *user_env, *secret_env]
 
     launcher = launcher_for(profile.launcher.kind, flavour)
     line = launcher.line(LaunchRequest(
@@ -238,7 +248,9 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         time_seconds=seconds, account=account, workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
         launch_argv=tuple(line.argv), program_argv=tuple(program), env_groups=env_groups,
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
-        directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command))
+        directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command),
+        secret_env=secret_env,
+        shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
     directives = apply_directive_overrides(scheduler.directives(plan), profile.directives.skip,
                                            profile.directives.extra)
     return dataclasses.replace(plan, directives=tuple(directives))

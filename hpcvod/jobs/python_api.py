@@ -41,7 +41,7 @@ from hpcvod.sites.loader import Site, discover_site
 
 WORKER = Path(__file__).resolve().parent / "submitit_worker.py"
 PARAMETERS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account",
-              "job_name", "env", "container")
+              "job_name", "env", "container", "secret_env", "shared_job_dir")
 RESULT_GRACE_SECONDS = 15  # a shared file system may show the result pickle a little after the job ended
 
 
@@ -136,7 +136,9 @@ class HpcvodExecutor(core.PicklingExecutor):
     ``folder`` is where job folders are created (default ./hpcvod-jobs); ``site`` a profile name or path (default:
     hpcvod's discovery: $HPCVOD_SITE, hostname patterns, local); the other keywords are the resources of
     ``hpcvod submit``: nodes, gpus_per_node, tasks_per_node, cpus_per_task, time, partition, account, job_name,
-    env (a mapping), container.
+    env (a mapping, written into the script), container, secret_env (names whose values the job takes from this
+    process's environment at submit time; only the names are written) and shared_job_dir (True: the job folder
+    is readable by the group; default: the site's jobs.shared_with_group, else owner only).
     """
 
     job_class = HpcvodJob
@@ -168,7 +170,11 @@ class HpcvodExecutor(core.PicklingExecutor):
             raise UserError(f"env: expected a mapping of names to values, got {type(env).__name__}")
         if not params.get("job_name") and self._default_job_name:
             params["job_name"] = self._default_job_name
-        return JobSpec(program=str(WORKER), env=tuple((str(k), str(v)) for k, v in env.items()), **params)
+        secret_env = params.pop("secret_env", None) or ()
+        if isinstance(secret_env, str) or not all(isinstance(k, str) for k in secret_env):
+            raise UserError(f"secret_env: expected a list of variable names, got {secret_env!r}")
+        return JobSpec(program=str(WORKER), env=tuple((str(k), str(v)) for k, v in env.items()),
+                       secret_env=tuple(secret_env), **params)
 
     def _prepared(self):
         return prepare(self._spec(), self.site, self.host, command=("hpcvod.jobs.python_api", self.site.name))

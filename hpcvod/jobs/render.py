@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hpcvod.jobs.jobdir import job_modes
 from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.jobs.shell import Verbatim, shell_quote
 from hpcvod.sites.errors import UserError
@@ -69,6 +70,10 @@ def render(plan: LaunchPlan, template: str) -> str:
         "directive_prefix": Verbatim(plan.directive_prefix),
         "setup": [Verbatim(line) for line in plan.setup],
         "env_groups": [(Verbatim(title), pairs) for title, pairs in plan.env_groups],  # titles: constants of plan.py
+        # set before the script writes anything (its exit status, the scheduler's logs follow sbatch's umask)
+        "umask": Verbatim(f"{job_modes(plan.shared_job_dir).umask:03o}"),
+        "shared": plan.shared_job_dir,
+        "secret_env": Verbatim(" ".join(plan.secret_env)),  # names checked by resolve: [A-Za-z0-9_] only
         "command": Verbatim(" ".join(shell_quote(w) for w in plan.command)) if plan.command else Verbatim("(none)"),
     }
     return environment().get_template(template).render(context)
@@ -123,6 +128,6 @@ def write_script(target: Path, script: str, plan: LaunchPlan, force: bool = Fals
     if not os.path.isdir(target.parent):
         raise UserError(f"{where}: no such folder {str(target.parent)!r}")
     try:
-        write_atomic(target, script, mode=0o755)
+        write_atomic(target, script, mode=job_modes(plan.shared_job_dir).script, exact=True)
     except OSError as err:
         raise UserError(f"{where}: cannot write the script ({err.strerror or err})") from None

@@ -27,6 +27,10 @@ class JobSpec:
     job_name: str | None = None
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     container: str | None = None
+    # variables whose values the job takes from the submitting environment at submit time; only their names
+    # are ever written (docs/submission.md, "Trust model / secrets")
+    secret_env: tuple[str, ...] = ()
+    shared_job_dir: bool | None = None  # None: the site's jobs.shared_with_group
 
 
 def parse_time(text: str, flag: str = "--time") -> int:
@@ -53,3 +57,17 @@ def parse_env(items: list[str] | tuple[str, ...], flag: str = "--env") -> tuple[
             raise UserError(f"{flag} {item!r}: expected KEY=VALUE with KEY a variable name ([A-Za-z_][A-Za-z0-9_]*)")
         out.append((key, value))
     return tuple(out)
+
+
+def parse_job_env(items: list[str] | tuple[str, ...], secret_items: list[str] | tuple[str, ...] = ()
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """``submit --env``: ``KEY=VALUE`` pairs (written into the script), and the bare ``KEY`` names of ``--env KEY``
+    and ``--secret-env KEY`` (the value is taken from the submitting environment; only the name is written)."""
+    pairs = parse_env([item for item in items if "=" in item])
+    names: list[str] = []
+    for flag, item in [("--env", i) for i in items if "=" not in i] + [("--secret-env", i) for i in secret_items]:
+        if not ENV_KEY.fullmatch(item):
+            raise UserError(f"{flag} {item!r}: expected KEY (a variable name, [A-Za-z_][A-Za-z0-9_]*) or KEY=VALUE")
+        if item not in names:
+            names.append(item)
+    return pairs, tuple(names)

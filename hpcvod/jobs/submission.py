@@ -9,15 +9,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.host import HostFacts
-from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
+from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_job_file, write_json
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.schedulers.base import CANCEL_FILE, JobStatus, read_cancel_marker, write_cancel_marker
+from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular
 from hpcvod.sites.loader import Site
 
@@ -38,20 +39,31 @@ def prepare(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     return Prepared(site=site, plan=plan, script=render(plan, scheduler.template), script_name=scheduler.script_name)
 
 
+def secret_values(names: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values of the job's secret variables (``--env KEY``, ``--secret-env KEY``), from the submitting
+    environment; a name that is not set there is a UserError (one line, naming it, never a value)."""
+    environ = os.environ if environ is None else environ
+    missing = [name for name in names if name not in environ]
+    if missing:
+        raise UserError(f"--env {missing[0]}: not set in this environment (a secret KEY without =VALUE takes "
+                        "its value from the environment hpcvod is submitting from)")
+    return {name: environ[name] for name in names}
+
+
 def submit_prepared(prepared: Prepared, jobs_root: Path, extra_request: dict | None = None) -> JobRef:
     """Write a new job folder and hand it to the scheduler; if the scheduler refuses, the folder goes away."""
     plan = prepared.plan
-    job_dir = create_job_dir(jobs_root, plan.job_name)
+    secrets = secret_values(plan.secret_env)  # before any folder exists: a missing one is one line, nothing left
+    job_dir = create_job_dir(jobs_root, plan.job_name, shared=plan.shared_job_dir)
     try:
         script = job_dir / prepared.script_name
-        script.write_text(prepared.script)
-        script.chmod(0o755)
+        write_job_file(script, prepared.script, executable=True)
         write_json(job_dir / REQUEST_FILE, {
             "hpcvod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": list(plan.command), "script": prepared.script_name, "plan": plan.to_dict(),
-            **(extra_request or {})})
+            "secret_env": list(plan.secret_env), **(extra_request or {})})
         scheduler = prepared.site.scheduler()
-        submitted = scheduler.submit(job_dir, script)
+        submitted = scheduler.submit(job_dir, script, secrets)
         write_json(job_dir / RECORD_FILE, {"job_id": submitted.job_id, "scheduler": scheduler.name,
                                            "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **submitted.extra})
     except BaseException:

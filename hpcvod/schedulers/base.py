@@ -8,14 +8,15 @@ schema, discovery, the CLI and the golden tests pick it up by name.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import read_text_bounded, write_atomic
+from hpcvod.sites.files import read_text_bounded
 
 if TYPE_CHECKING:
     from hpcvod.jobs.plan import LaunchPlan
@@ -92,8 +93,26 @@ class Scheduler:
         """The resource request, one directive per line, without the prefix."""
         return []
 
-    def submit(self, job_dir: Path, script: Path) -> Submitted:
+    def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
+        """Hand ``script`` (in ``job_dir``) to the scheduler. ``secret_env`` (name -> value) reaches the job through
+        the scheduler's own environment passing: the submit command's environment carries the values, its
+        arguments (``submit_argv``) the names only."""
         raise NotImplementedError
+
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
+        """The submit command run in the job folder; it names the secret variables, never their values."""
+        raise NotImplementedError
+
+    def _run_submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None
+                    ) -> subprocess.CompletedProcess:
+        """``submit_argv`` run in the job folder, with the secret values added to its environment and the job
+        folder's umask (the scheduler creates output files with the submitter's umask)."""
+        from hpcvod.jobs.jobdir import modes_of
+
+        secret_env = dict(secret_env or {})
+        env = {**os.environ, **secret_env} if secret_env else None
+        return run_command(self.submit_argv(script.name, list(secret_env)), cwd=job_dir, env=env,
+                           umask=modes_of(job_dir).umask)
 
     def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
         raise NotImplementedError
@@ -125,10 +144,12 @@ def apply_directive_overrides(generated: list[str], skip: Sequence[str], extra: 
     return kept + list(extra)
 
 
-def run_command(argv: list[str], *, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_command(argv: list[str], *, cwd: Path | None = None, timeout: float = 60,
+                env: Mapping[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess:
     """Run a scheduler command; a missing command or a timeout becomes a SchedulerError with one line."""
     try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(env) if env is not None else None, umask=umask)
     except FileNotFoundError:
         raise SchedulerError(f"{argv[0]}: command not found (is this a login node of the cluster?)") from None
     except subprocess.TimeoutExpired:
@@ -158,7 +179,9 @@ def read_exit_file(job_dir: Path | None) -> int | None:
 
 def write_cancel_marker(job_dir: Path | None) -> None:
     if job_dir is not None:
-        write_atomic(job_dir / CANCEL_FILE, "cancelled by hpcvod cancel\n")
+        from hpcvod.jobs.jobdir import write_job_file
+
+        write_job_file(job_dir / CANCEL_FILE, "cancelled by hpcvod cancel\n")
 
 
 def read_cancel_marker(job_dir: Path | None) -> bool:

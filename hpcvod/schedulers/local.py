@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from hpcvod.launchers import without_outer_launch
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, RUNNING, UNKNOWN, JobStatus, Scheduler,
@@ -156,11 +156,17 @@ class LocalScheduler(Scheduler):
         if record.get("job_id") != f"local-{pid}":
             raise UserError(f"{where}: job_id {record.get('job_id')!r} does not name the recorded pid {pid}")
 
-    def submit(self, job_dir: Path, script: Path) -> Submitted:
-        env = without_outer_launch(os.environ)
-        with open(job_dir / OUTPUT_FILE, "ab") as log:
-            proc = subprocess.Popen([SCRIPT_ARGV[0], script.name], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
+        return [SCRIPT_ARGV[0], script_name]  # secrets: in the child's environment (submit)
+
+    def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
+        from hpcvod.jobs.jobdir import modes_of, open_job_log
+
+        env = {**without_outer_launch(os.environ), **(secret_env or {})}
+        with open_job_log(job_dir / OUTPUT_FILE) as log:
+            proc = subprocess.Popen(self.submit_argv(script.name), cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    umask=modes_of(job_dir).umask)
         stat = _proc_stat(proc.pid)  # Popen returns once bash runs: /proc shows the script, not this Python
         # reap it when it ends if this process lives that long (Python API); the CLI exits long before
         threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()

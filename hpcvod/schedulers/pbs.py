@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Mapping, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
@@ -104,8 +104,12 @@ class PbsScheduler(Scheduler):
             raise SchedulerError(f"qsub printed {text.strip()!r}, expected a job id like 1234.server")
         return line
 
-    def submit(self, job_dir: Path, script: Path) -> Submitted:
-        done = run_command(["qsub", script.name], cwd=job_dir)
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
+        # -v NAME without =VALUE: qsub takes the value from its own environment (the value is never an argument)
+        return ["qsub", *(["-v", ",".join(secret_names)] if secret_names else []), script_name]
+
+    def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
+        done = self._run_submit(job_dir, script, secret_env)
         if done.returncode != 0:
             raise SchedulerError(f"qsub refused the job: {' '.join((done.stderr or done.stdout).split())}")
         return Submitted(self.parse_job_id(done.stdout))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Mapping, Optional, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
@@ -130,8 +130,12 @@ class SgeScheduler(Scheduler):
             raise SchedulerError(f"qsub -terse printed {text.strip()!r}, expected a job id")
         return line.split(".")[0]  # an array job as a whole
 
-    def submit(self, job_dir: Path, script: Path) -> Submitted:
-        done = run_command(["qsub", "-terse", script.name], cwd=job_dir)
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
+        # -v NAME without =VALUE: qsub takes the value from its own environment (the value is never an argument)
+        return ["qsub", "-terse", *(["-v", ",".join(secret_names)] if secret_names else []), script_name]
+
+    def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
+        done = self._run_submit(job_dir, script, secret_env)
         if done.returncode != 0:
             raise SchedulerError(f"qsub refused the job: {' '.join((done.stderr or done.stdout).split())}")
         return Submitted(self.parse_job_id(done.stdout))

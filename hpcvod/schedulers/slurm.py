@@ -7,7 +7,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobStatus, Scheduler, SchedulerError, Submitted, run_command,
@@ -113,8 +113,13 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
         return job_id
 
-    def submit(self, job_dir: Path, script: Path) -> Submitted:
-        done = run_command(["sbatch", "--parsable", script.name], cwd=job_dir)
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
+        # sbatch hands its own environment to the job (--export=ALL, srun then to the ranks): said explicitly
+        # when the job needs secret variables, so an SBATCH_EXPORT of the submitter does not drop them
+        return ["sbatch", "--parsable", *(["--export=ALL"] if secret_names else []), script_name]
+
+    def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
+        done = self._run_submit(job_dir, script, secret_env)
         if done.returncode != 0:
             raise SchedulerError(f"sbatch refused the job: {_one_line(done.stderr or done.stdout)}")
         return Submitted(self.parse_job_id(done.stdout))

@@ -62,10 +62,11 @@ def read_text_bounded(path: Path, limit: int, what: str) -> str:
             from None
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o666, exact: bool = False) -> None:
     """Write ``text`` to a new file beside ``path``, then rename it over ``path``: a reader sees the old file or
     the new one, never half of one, and a symlink at ``path`` is replaced instead of written through. ``mode``
-    goes through the umask, as for any new file."""
+    goes through the umask, as for any new file; with ``exact`` the file gets ``mode`` whatever the umask (set on
+    the open file before anything is written: no moment with wider permissions)."""
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
         try:
@@ -74,6 +75,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
         except FileExistsError:
             continue
     try:
+        if exact:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # argv bytes as given
             f.write(text)
         os.replace(tmp, path)
@@ -81,3 +84,26 @@ def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def open_append(path: Path, mode: int) -> BinaryIO:
+    """``path`` opened for appending (never through a symlink). A new file gets exactly ``mode`` whatever the
+    umask (set on the open file before anything is written); an existing one keeps its own."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return os.fdopen(os.open(path, flags), "ab")
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
+def make_dir(path: Path, mode: int) -> None:
+    """A new folder with exactly ``mode``, whatever the umask. mkdir already applies ``mode`` minus the umask,
+    which is never wider than ``mode``: the chmod after it only adds back what the umask took."""
+    os.mkdir(path, mode)
+    os.chmod(path, mode)

@@ -109,6 +109,15 @@ class Directives:
 
 
 @dataclass(frozen=True)
+class Jobs:
+    """Job folders (the script, request.json, job.json, output.log) on this site."""
+
+    shared_with_group: bool = doc(
+        "make job folders readable by the owner's group (folders 0750, files 0640) instead of the owner only "
+        "(0700/0600); never by others. `submit --shared-job-dir` does the same for one job", False)
+
+
+@dataclass(frozen=True)
 class SiteProfile:
     """One cluster (or one machine): its scheduler, partitions, launcher, MPI, interconnect and setup."""
 
@@ -134,6 +143,7 @@ class SiteProfile:
         "the Python that runs .py scripts on the nodes (null = the Python running hpcvod)", None)
     container: Container = doc("container support", factory=Container)
     directives: Directives = doc("extra and skipped scheduler directives", factory=Directives)
+    jobs: Jobs = doc("who may read job folders", factory=Jobs)
     env: EnvMap = doc("any other environment variables for every job", factory=dict)
     scheduler_options: dict[Annotated[str, ONE_LINE], Union[EnvValue, bool]] = doc(
         "options of the scheduler module (see docs/sites.md: slurm, pbs, local)", factory=dict)

@@ -43,7 +43,10 @@ BAD_INPUT = [
     (["missing.py"], "SCRIPT 'missing.py': no such file"),
     (["./missing.sh"], "SCRIPT './missing.sh': no such file"),
     ([], "missing SCRIPT"),
-    (["--env", "NOVALUE", "train.py"], "--env 'NOVALUE': expected KEY=VALUE"),
+    # a bare KEY is a secret taken from the submitting environment (test_privacy.py): unset here, refused
+    (["--env", "HPCVOD_TEST_UNSET_VARIABLE", "train.py"], "--env HPCVOD_TEST_UNSET_VARIABLE: not set in this environment"),
+    (["--env", "1BAD", "train.py"], "--env '1BAD': expected KEY (a variable name"),
+    (["--secret-env", "A-B", "train.py"], "--secret-env 'A-B': expected KEY (a variable name"),
     (["--env", "1X=2", "train.py"], "expected KEY=VALUE with KEY a variable name"),
     (["--env", "HPCVOD_WORLD_SIZE=1", "train.py"], "set by hpcvod itself"),
     (["--site", "slurm-ib-openmpi", "--partition", "gpus", "train.py"], "did you mean 'gpu'?"),

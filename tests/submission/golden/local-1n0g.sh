@@ -6,6 +6,7 @@
 
 # the job folder is this script's folder
 export HPCVOD_JOB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+umask 077  # what the job writes in its folder: owner only (docs/submission.md)
 set -eo pipefail
 # The exit status lands in the job folder, so `hpcvod status` knows it after the scheduler forgot the job;
 # a signal (scancel, qdel, hpcvod cancel) is recorded as 128+N, as a shell reports it.

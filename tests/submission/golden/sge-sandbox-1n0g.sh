@@ -14,6 +14,7 @@
 
 # qsub ran in the job folder (-cwd): logs and the exit status go there
 export HPCVOD_JOB_DIR="${SGE_O_WORKDIR:-$PWD}"
+umask 077  # what the job writes in its folder: owner only (docs/submission.md)
 set -eo pipefail
 # The exit status lands in the job folder, so `hpcvod status` knows it after the scheduler forgot the job;
 # a signal (scancel, qdel, hpcvod cancel) is recorded as 128+N, as a shell reports it.

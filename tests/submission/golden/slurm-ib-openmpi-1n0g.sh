@@ -17,6 +17,7 @@
 
 # sbatch ran in the job folder: logs and the exit status go there
 export HPCVOD_JOB_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
+umask 077  # what the job writes in its folder: owner only (docs/submission.md)
 set -eo pipefail
 # The exit status lands in the job folder, so `hpcvod status` knows it after the scheduler forgot the job;
 # a signal (scancel, qdel, hpcvod cancel) is recorded as 128+N, as a shell reports it.
