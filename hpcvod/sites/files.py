@@ -104,6 +104,7 @@ def open_append(path: Path, mode: int) -> BinaryIO:
 
 def make_dir(path: Path, mode: int) -> None:
     """A new folder with exactly ``mode``, whatever the umask. mkdir already applies ``mode`` minus the umask,
-    which is never wider than ``mode``: the chmod after it only adds back what the umask took."""
+    which is never wider than ``mode``: the chmod after it only adds back what the umask took. A set-group-id bit
+    the folder inherits (a group's project folder) is kept, so what is written inside stays in that group."""
     os.mkdir(path, mode)
-    os.chmod(path, mode)
+    os.chmod(path, mode | (os.stat(path).st_mode & stat.S_ISGID))

@@ -1,0 +1,269 @@
+"""Issue 16, "Let no one in": job folders are private whatever the umask, shared with the group only when asked,
+and secrets given as `--env KEY` / `--secret-env KEY` reach the job without ever being written."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hpcvod.jobs.host import detect_host
+from hpcvod.jobs.jobdir import REQUEST_FILE
+from hpcvod.jobs.plan import resolve
+from hpcvod.jobs.render import render
+from hpcvod.jobs.spec import JobSpec
+from hpcvod.schedulers.base import EXIT_FILE, OUTPUT_FILE
+from hpcvod.sites.loader import load_site
+from submission_helpers import NO_USER_CONFIG, clean_env, golden_host, hpcvod, one_error_line
+
+pytestmark = pytest.mark.timeout(300)
+
+PEER, MATE, GROUP = "hpcvodpeer", "hpcvodmate", "hpcvodshare"  # a stranger, and a member of the job's group
+
+SECRET_JOB = """
+import os, sys
+value = os.environ.get("MY_TOKEN", "")
+ok = len(value) == int(sys.argv[1]) and value.startswith("s3cr3t-")  # the length is no secret: the value is
+print("token length", len(value), "OK" if ok else "MISMATCH", flush=True)
+"""
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode) & 0o777
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)  # the usual login umask: without the fix, everything would be world-readable
+    yield
+    os.umask(old)
+
+
+@pytest.fixture
+def workdir(umask022):
+    """A folder every user can enter (not pytest's tmp_path, which is private to root): what keeps others out
+    must be the job folder itself."""
+    path = Path(tempfile.mkdtemp(prefix="hpcvod-privacy-"))
+    path.chmod(0o755)
+    (path / "secret_job.py").write_text(SECRET_JOB)
+    (path / "hello.py").write_text("print('hello', flush=True)\n")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _ensure_user(name: str, groups: str = "") -> None:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        argv = ["useradd", "--no-create-home", "--shell", "/bin/sh", *(["-G", groups] if groups else []), name]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("useradd is not installed: cannot create a second user to check what others can read")
+        if done.returncode != 0:
+            pytest.skip(f"useradd {name} failed ({done.stderr.strip()}): cannot check what another user can read")
+
+
+@pytest.fixture(scope="module")
+def users():
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root (useradd)")
+    if shutil.which("runuser") is None:
+        pytest.skip("runuser is not installed: cannot run commands as a second user")
+    try:
+        grp.getgrnam(GROUP)
+    except KeyError:
+        done = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"groupadd {GROUP} failed ({done.stderr.strip()})")
+    _ensure_user(PEER)
+    _ensure_user(MATE, GROUP)
+    return PEER, MATE
+
+
+def _as(user: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True)
+
+
+def _denied(user: str, *argv: str) -> None:
+    done = _as(user, *argv)
+    assert done.returncode != 0 and "Permission denied" in done.stderr, (argv, done.stdout, done.stderr)
+
+
+def _submit(workdir: Path, *args: str, env: dict | None = None) -> Path:
+    done = hpcvod("submit", "--site", "local", "--tasks-per-node", "1", "--wait", "--json", "--output-dir",
+                  str(workdir / "jobs"), *args, cwd=workdir, env=env or clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    return Path(json.loads(done.stdout)["job_dir"])
+
+
+def _files(job_dir: Path) -> dict[str, int]:
+    return {p.name: _mode(p) for p in job_dir.iterdir()}
+
+
+@pytest.mark.mpi
+def test_private_by_default_whatever_the_umask(workdir, users):
+    job_dir = _submit(workdir, "hello.py")
+    root = workdir / "jobs"
+    assert _mode(root) == 0o700  # created by this submit
+    assert _mode(job_dir) == 0o700
+    files = _files(job_dir)
+    assert {"job.sh", REQUEST_FILE, "job.json", OUTPUT_FILE, EXIT_FILE} <= set(files), files
+    assert files.pop("job.sh") == 0o700
+    assert set(files.values()) == {0o600}, files  # output.log and exitcode too (the script's umask 077)
+    assert "umask 077" in (job_dir / "job.sh").read_text()
+
+    # another user: the root keeps them out; opened up by hand, the job folder still does
+    peer = users[0]
+    _denied(peer, "ls", str(root))
+    root.chmod(0o755)
+    _denied(peer, "ls", str(job_dir))
+    for name in ("job.sh", REQUEST_FILE, OUTPUT_FILE):
+        _denied(peer, "cat", str(job_dir / name))
+
+
+@pytest.mark.mpi
+def test_an_existing_root_keeps_its_mode(workdir, users):
+    root = workdir / "jobs"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    job_dir = _submit(workdir, "hello.py")
+    assert _mode(root) == 0o755
+    assert _mode(job_dir) == 0o700
+    _denied(users[0], "ls", str(job_dir))
+    _denied(users[0], "cat", str(job_dir / "job.sh"))
+
+
+@pytest.mark.mpi
+def test_shared_job_dir_is_for_the_group_never_for_others(workdir, users):
+    peer, mate = users
+    root = workdir / "jobs"
+    root.mkdir()
+    shutil.chown(root, group=GROUP)
+    root.chmod(0o2755)  # a group's project folder: what is made inside belongs to the group
+    job_dir = _submit(workdir, "--shared-job-dir", "hello.py")
+    assert _mode(root) == 0o755 and os.stat(root).st_mode & stat.S_ISGID  # existing: kept as it was
+    assert _mode(job_dir) == 0o750
+    files = _files(job_dir)
+    assert files.pop("job.sh") == 0o750
+    assert set(files.values()) == {0o640}, files
+    assert "umask 027" in (job_dir / "job.sh").read_text()
+    # a member of the group reads the job; anyone else is kept out of the folder
+    assert _as(mate, "ls", str(job_dir)).returncode == 0
+    for name in ("job.sh", REQUEST_FILE, OUTPUT_FILE):
+        done = _as(mate, "cat", str(job_dir / name))
+        assert done.returncode == 0, done.stderr
+    _denied(peer, "ls", str(job_dir))
+    _denied(peer, "cat", str(job_dir / OUTPUT_FILE))
+
+
+def test_site_profile_shares_job_folders(tmp_path):
+    local = (Path(__file__).resolve().parents[2] / "hpcvod" / "site_configs" / "local.yaml").read_text()
+    profile = tmp_path / "groupsite.yaml"
+    profile.write_text(local + "\njobs:\n  shared_with_group: true\n")
+    (tmp_path / "train.py").write_text("")
+    site = load_site(str(profile), environ=NO_USER_CONFIG)
+    host = detect_host()
+    shared = resolve(JobSpec(program=str(tmp_path / "train.py")), site, host)
+    assert shared.shared_job_dir and "umask 027" in render(shared, "local.j2")
+    private = resolve(JobSpec(program=str(tmp_path / "train.py"), shared_job_dir=False), site, host)
+    assert not private.shared_job_dir and "umask 077" in render(private, "local.j2")
+
+
+# ---- secrets -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("flag", ["--env", "--secret-env"])
+def test_secret_reaches_the_job_and_is_written_nowhere(workdir, flag):
+    value = f"s3cr3t-{secrets.token_hex(8)}"
+    env = clean_env(workdir, MY_TOKEN=value)
+    job_dir = _submit(workdir, flag, "MY_TOKEN", "secret_job.py", str(len(value)), env=env)
+    output = (job_dir / OUTPUT_FILE).read_text()
+    assert f"token length {len(value)} OK" in output, output
+    found = subprocess.run(["grep", "-r", "-l", "--", value, str(job_dir)], capture_output=True, text=True)
+    assert found.returncode == 1 and not found.stdout, f"the secret was written to {found.stdout}"
+    request = json.loads((job_dir / REQUEST_FILE).read_text())
+    assert request["secret_env"] == ["MY_TOKEN"]
+    assert "MY_TOKEN" in request["command"] and value not in json.dumps(request)
+    script = (job_dir / "job.sh").read_text()
+    assert "MY_TOKEN" in script and value not in script
+
+
+def test_secret_not_set_is_one_line_exit_2_nothing_written(cli, tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.delenv("MY_TOKEN", raising=False)
+    for verb in ("--dry-run", None):
+        code, _, err = cli("submit", *([verb] if verb else []), "--site", "local", "--output-dir", "jobs",
+                           "--secret-env", "MY_TOKEN", "train.py")
+        one_error_line(code, err, "--env MY_TOKEN: not set in this environment")
+    assert not (tmp_path / "jobs").exists()
+    code, _, err = cli("submit", "--dry-run", "--site", "local", "--env", "NOT-A-NAME", "train.py")
+    one_error_line(code, err, "--env 'NOT-A-NAME': expected KEY")
+
+
+def test_render_and_dry_run_show_the_name_only(cli, tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("")
+    value = f"s3cr3t-{secrets.token_hex(8)}"
+    monkeypatch.setenv("MY_TOKEN", value)
+    for command in (("render",), ("submit", "--dry-run"), ("submit", "--dry-run", "--json")):
+        code, out, err = cli(*command, "--site", "slurm-sandbox-openmpi", "--env", "MY_TOKEN", "--env",
+                             "PLAIN=visible", "train.py")
+        assert code == 0, err
+        assert "MY_TOKEN" in out and value not in out and value not in err
+        assert "PLAIN" in out and "visible" in out  # KEY=VALUE is the explicit, written form, as before
+
+
+FAKE = """#!/bin/sh
+{ printf '%s\\n' "$0" "$@"; echo "ENV MY_TOKEN=$MY_TOKEN"; } > "$FAKE_RECORD"
+echo "{answer}"
+"""
+
+
+@pytest.mark.parametrize("site_name,command,answer,argv_tail", [
+    ("slurm-sandbox-openmpi", "sbatch", "4242", ["--parsable", "--export=ALL", "job.sbatch"]),
+    ("pbs-ib-openmpi", "qsub", "4242.pbs1", ["-v", "MY_TOKEN", "job.pbs"]),
+    ("sge-sandbox", "qsub", "4242", ["-terse", "-v", "MY_TOKEN", "job.sge"]),
+])
+def test_scheduler_gets_the_name_in_argv_and_the_value_in_its_environment(tmp_path, monkeypatch, golden_workdir,
+                                                                            umask022, site_name, command, answer,
+                                                                            argv_tail):
+    from hpcvod.jobs.submission import prepare, submit_prepared
+
+    value = f"s3cr3t-{secrets.token_hex(8)}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / command
+    fake.write_text(FAKE.replace("{answer}", answer))
+    fake.chmod(0o755)
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    monkeypatch.setenv("MY_TOKEN", value)
+    monkeypatch.chdir(tmp_path)
+    site = load_site(site_name, environ=NO_USER_CONFIG)
+    scheduler = site.scheduler()
+    assert scheduler.submit_argv(scheduler.script_name, ["MY_TOKEN"]) == [command, *argv_tail]
+    prepared = prepare(JobSpec(program="train.py", secret_env=("MY_TOKEN",)), site, golden_host(flavour="openmpi"),
+                       command=("hpcvod", "submit", "--env", "MY_TOKEN", "train.py"))
+    ref = submit_prepared(prepared, tmp_path / "jobs")
+    lines = record.read_text().splitlines()
+    assert lines[1:-1] == argv_tail  # the name, never the value, on the command line
+    assert lines[-1] == f"ENV MY_TOKEN={value}"  # the value in the scheduler command's environment
+    script = (ref.job_dir / scheduler.script_name).read_text()
+    assert "MY_TOKEN" in script and value not in script
+    plan = prepared.plan
+    if plan.launcher == "openmpi" and "-x" in plan.launch_argv:
+        assert "MY_TOKEN" in plan.launch_argv  # mpirun forwards it to the ranks by name
+    found = subprocess.run(["grep", "-r", "-l", "--", value, str(ref.job_dir)], capture_output=True, text=True)
+    assert found.returncode == 1, f"the secret was written to {found.stdout}"
+    assert _mode(ref.job_dir) == 0o700 and _mode(ref.job_dir / scheduler.script_name) == 0o700
