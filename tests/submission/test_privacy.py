@@ -267,3 +267,18 @@ def test_scheduler_gets_the_name_in_argv_and_the_value_in_its_environment(tmp_pa
     found = subprocess.run(["grep", "-r", "-l", "--", value, str(ref.job_dir)], capture_output=True, text=True)
     assert found.returncode == 1, f"the secret was written to {found.stdout}"
     assert _mode(ref.job_dir) == 0o700 and _mode(ref.job_dir / scheduler.script_name) == 0o700
+
+
+def test_python_api_takes_secret_env_and_shared_job_dir(tmp_path, monkeypatch):
+    from hpcvod.jobs.python_api import HpcvodExecutor
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    executor = HpcvodExecutor(folder=tmp_path / "jobs", site="local", secret_env=["MY_TOKEN"], shared_job_dir=True)
+    spec = executor._spec()
+    assert spec.secret_env == ("MY_TOKEN",) and spec.shared_job_dir is True
+    monkeypatch.setenv("MY_TOKEN", "s3cr3t-api")
+    plan = executor._prepared().plan
+    assert plan.secret_env == ("MY_TOKEN",) and plan.shared_job_dir
+    assert "s3cr3t-api" not in executor._prepared().script
+    with pytest.raises(Exception, match="secret_env: expected a list of variable names"):
+        HpcvodExecutor(folder=tmp_path / "jobs", site="local", secret_env="MY_TOKEN")._spec()
