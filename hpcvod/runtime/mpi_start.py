@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from types import ModuleType
 from typing import Any, Callable, Optional
 
@@ -38,6 +39,9 @@ for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
             sys.exit(0)
 """
 
+ABORT_FLUSH_SECONDS = 0.5
+
+
 def _abort_on_uncaught(etype: type, value: BaseException, tb: Any) -> None:
     """sys.excepthook from MPI's start until init() completes: an uncaught exception on one rank (an import
     that fails on one node, a bad setting) would leave the other ranks in init()'s collectives for ever, so
@@ -52,6 +56,7 @@ def _abort_on_uncaught(etype: type, value: BaseException, tb: Any) -> None:
         return
     print(f"hpcvod: rank {rank} on {hostname()}: uncaught {etype.__name__} before hvd.init() completed; "
           f"ending the whole MPI job (MPI_Abort) so that no rank waits for this one", file=sys.stderr, flush=True)
+    time.sleep(ABORT_FLUSH_SECONDS)   # the launcher kills every rank at once: let it forward these lines first
     MPI.COMM_WORLD.Abort(1)
 
 
