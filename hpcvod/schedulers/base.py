@@ -103,16 +103,14 @@ class Scheduler:
         """The submit command run in the job folder; it names the secret variables, never their values."""
         raise NotImplementedError
 
-    def _run_submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None
+    def _run_submit(self, job_dir: Path, argv: list[str], secret_env: Mapping[str, str] | None
                     ) -> subprocess.CompletedProcess:
-        """``submit_argv`` run in the job folder, with the secret values added to its environment and the job
-        folder's umask (the scheduler creates output files with the submitter's umask)."""
+        """The submit command (``submit_argv``) run in the job folder, with the secret values added to its
+        environment and the job folder's umask (the scheduler creates output files with the submitter's umask)."""
         from hpcvod.jobs.jobdir import modes_of
 
-        secret_env = dict(secret_env or {})
         env = {**os.environ, **secret_env} if secret_env else None
-        return run_command(self.submit_argv(script.name, list(secret_env)), cwd=job_dir, env=env,
-                           umask=modes_of(job_dir).umask)
+        return run_command(argv, cwd=job_dir, env=env, umask=modes_of(job_dir).umask)
 
     def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
         raise NotImplementedError

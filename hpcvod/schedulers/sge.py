@@ -135,7 +135,7 @@ class SgeScheduler(Scheduler):
         return ["qsub", "-terse", *(["-v", ",".join(secret_names)] if secret_names else []), script_name]
 
     def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
-        done = self._run_submit(job_dir, script, secret_env)
+        done = self._run_submit(job_dir, self.submit_argv(script.name, list(secret_env or {})), secret_env)
         if done.returncode != 0:
             raise SchedulerError(f"qsub refused the job: {' '.join((done.stderr or done.stdout).split())}")
         return Submitted(self.parse_job_id(done.stdout))

@@ -43,6 +43,21 @@ class SlurmOptions:
         "(docs/preemption.md); 0 = no warning", 120)
 
 
+def script_export(script: Path) -> str | None:
+    """The value of the last ``#SBATCH --export=`` directive of a rendered script (None: it has none)."""
+    from hpcvod.sites.files import read_text_bounded
+
+    found = None
+    for line in read_text_bounded(script, 1 << 20, "job script").splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            words = line.split()
+            if len(words) > 1 and words[1].startswith("--export="):
+                found = words[1].removeprefix("--export=")
+        elif line.strip() and not line.startswith("#"):
+            break  # sbatch reads directives up to the first command
+    return found
+
+
 def slurm_state(word: str) -> str:
     """hpcvod's state for a Slurm state word ("CANCELLED by 0" -> CANCELLED)."""
     head = word.strip().split()[0].rstrip("+") if word.strip() else ""
@@ -113,13 +128,25 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
         return job_id
 
-    def submit_argv(self, script_name: str, secret_names: Sequence[str] = ()) -> list[str]:
-        # sbatch hands its own environment to the job (--export=ALL, srun then to the ranks): said explicitly
-        # when the job needs secret variables, so an SBATCH_EXPORT of the submitter does not drop them
-        return ["sbatch", "--parsable", *(["--export=ALL"] if secret_names else []), script_name]
+    def submit_argv(self, script_name: str, secret_names: Sequence[str] = (), script_export: str | None = None
+                    ) -> list[str]:
+        """sbatch hands its own environment to the job (srun then to the ranks) as far as --export lets it: with
+        secret variables, --export on the command line (which wins over the script's and $SBATCH_EXPORT) keeps
+        what the script's own ``#SBATCH --export=`` asked (``script_export``) and adds their names."""
+        if not secret_names:
+            return ["sbatch", "--parsable", script_name]
+        words = [w for w in (script_export or "ALL").split(",") if w]
+        if words[0] == "ALL":
+            export = ",".join(words)  # ALL already carries them
+        else:  # NONE/NIL (only SLURM_* variables) or a list of names: those, plus the secrets
+            kept = [w for w in words if w not in ("NONE", "NIL")]
+            export = ",".join([*kept, *(n for n in secret_names if n not in kept)])
+        return ["sbatch", "--parsable", f"--export={export}", script_name]
 
     def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
-        done = self._run_submit(job_dir, script, secret_env)
+        names = list(secret_env or {})
+        argv = self.submit_argv(script.name, names, script_export(script) if names else None)
+        done = self._run_submit(job_dir, argv, secret_env)
         if done.returncode != 0:
             raise SchedulerError(f"sbatch refused the job: {_one_line(done.stderr or done.stdout)}")
         return Submitted(self.parse_job_id(done.stdout))
