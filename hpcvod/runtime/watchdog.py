@@ -13,7 +13,12 @@ kill the surviving tasks. hvd.init() therefore connects every rank to rank 0 wit
   reports and, after ``HPCVOD_STALL_CHECK_TIME_SECONDS``, prints which tensors wait and which ranks never
   submitted them. After ``HPCVOD_STALL_SHUTDOWN_TIME_SECONDS`` (if set) it aborts the job.
 
-A clean shutdown says goodbye first, so a rank that finished is never taken for a dead one. Without the
+Only the job's ranks get in: rank 0 listens on the ranks' addresses only and a hello must carry a per-job
+token that went out over MPI and the pid and host MPI reported for that rank; lines are bounded and a
+malformed one is ignored, never fatal (docs/runtime.md, "Trust model of the control channel").
+
+A clean shutdown says goodbye first, so a rank that finished is never taken for a dead one; its goodbye says how
+far it got, so the others' collectives that need it fail instead of waiting. Without the
 channel (``HPCVOD_WATCHDOG=0``, or when no rank can reach rank 0), the stall inspector still warns about
 this rank's own waiting collectives, and dead ranks are left to the launcher.
 """
