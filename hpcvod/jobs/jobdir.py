@@ -58,18 +58,24 @@ def modes_of(job_dir: Path) -> JobModes:
         return PRIVATE
 
 
+def ensure_root(root: Path, shared: bool = False) -> None:
+    """The jobs root, created private (or group-readable with ``shared``) if missing; an existing one keeps its
+    mode."""
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            make_dir(root, job_modes(shared).folder)
+        except FileExistsError:
+            pass  # made a moment ago by another submit: its mode stays
+
+
 def create_job_dir(root: Path, job_name: str, now: float | None = None, shared: bool = False) -> Path:
     """A new folder ``root/<name>-<YYYYmmdd-HHMMSS>[-N]``; an existing folder is never reused. The folder (and
     ``root`` when this creates it; an existing root keeps its mode) is private, or group-readable with
     ``shared``, whatever the umask."""
     modes = job_modes(shared)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    if not root.is_dir():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            make_dir(root, modes.folder)
-        except FileExistsError:
-            pass  # made a moment ago by another submit: its mode stays
+    ensure_root(root, shared)
     base = f"{safe_name(job_name, 48)}-{stamp}"
     for attempt in range(1, 10_000):
         path = root / (base if attempt == 1 else f"{base}-{attempt}")

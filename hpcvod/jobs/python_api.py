@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import os
 import time
 import typing as tp
 from pathlib import Path
@@ -32,7 +33,7 @@ from pathlib import Path
 from submitit.core import core, utils
 
 from hpcvod.jobs.host import detect_host
-from hpcvod.jobs.jobdir import JobRef
+from hpcvod.jobs.jobdir import JobRef, ensure_root, job_modes
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared, wait_for
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
@@ -185,7 +186,16 @@ class HpcvodExecutor(core.PicklingExecutor):
         self._default_job_name = getattr(function, "__name__", None) if function is not None else None
         if self._default_job_name == "<lambda>":
             self._default_job_name = "lambda"
-        return super()._internal_process_submissions(delayed_submissions)
+        # submitit pickles the call into the jobs root, then moves it into the job folder: the root is made as
+        # `hpcvod submit` makes it, and the pickle (the function and its arguments) gets the job folder's modes
+        shared = self.parameters.get("shared_job_dir")
+        modes = job_modes(self.site.profile.jobs.shared_with_group if shared is None else bool(shared))
+        ensure_root(Path(self.folder), modes.shared)
+        old_umask = os.umask(modes.umask)  # process-wide for this moment: only ever narrower than the user's
+        try:
+            return super()._internal_process_submissions(delayed_submissions)
+        finally:
+            os.umask(old_umask)
 
     def _num_tasks(self) -> int:
         return self._prepared().plan.world_size

@@ -301,3 +301,22 @@ def test_slurm_export_keeps_what_the_script_asks_and_adds_the_secret_names(tmp_p
     assert argv == ["sbatch", "--parsable", expected, "job.sbatch"]
     assert SlurmScheduler().submit_argv(script.name, [], script_export(script)) == ["sbatch", "--parsable",
                                                                                     "job.sbatch"]
+
+
+@pytest.mark.mpi
+def test_python_api_job_folder_and_pickles_are_private(tmp_path, umask022):
+    import hpcvod.jobs
+
+    def world_size():  # defined here: pickled by value (the job cannot import this test module)
+        import os
+
+        return int(os.environ["HPCVOD_WORLD_SIZE"])
+
+    job = hpcvod.jobs.submit(world_size, site="local", tasks_per_node=1, folder=tmp_path / "jobs")
+    assert job.result() == 1
+    assert _mode(tmp_path / "jobs") == 0o700 and _mode(job.job_dir) == 0o700
+    files = _files(job.job_dir)
+    assert f"{job.job_id}_submitted.pkl" in files and f"{job.job_id}_0_result.pkl" in files, files
+    assert files.pop("job.sh") == 0o700
+    assert set(files.values()) == {0o600}, files
+    assert os.umask(0o022) == 0o022  # the caller's umask is back
