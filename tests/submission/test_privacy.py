@@ -121,6 +121,9 @@ def test_private_by_default_whatever_the_umask(workdir, users):
     assert files.pop("job.sh") == 0o700
     assert set(files.values()) == {0o600}, files  # output.log and exitcode too (the script's umask 077)
     assert "umask 077" in (job_dir / "job.sh").read_text()
+    done = hpcvod("cancel", str(job_dir), cwd=workdir, env=clean_env(workdir))  # the mark it leaves: private too
+    assert done.returncode == 0, done.stderr
+    assert _mode(job_dir / "cancelled") == 0o600
 
     # another user: the root keeps them out; opened up by hand, the job folder still does
     peer = users[0]
@@ -320,3 +323,13 @@ def test_python_api_job_folder_and_pickles_are_private(tmp_path, umask022):
     assert files.pop("job.sh") == 0o700
     assert set(files.values()) == {0o600}, files
     assert os.umask(0o022) == 0o022  # the caller's umask is back
+
+
+def test_render_o_writes_an_owner_only_script(cli, tmp_path, umask022):
+    (tmp_path / "train.py").write_text("")
+    code, _, err = cli("render", "--site", "slurm-sandbox", "-o", "job.sbatch", "train.py")
+    assert code == 0, err
+    assert _mode(tmp_path / "job.sbatch") == 0o700
+    code, _, err = cli("render", "--site", "slurm-sandbox", "--shared-job-dir", "-o", "shared.sbatch", "train.py")
+    assert code == 0, err
+    assert _mode(tmp_path / "shared.sbatch") == 0o750 and "umask 027" in (tmp_path / "shared.sbatch").read_text()
