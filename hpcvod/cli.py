@@ -184,9 +184,7 @@ def _print_json(data: object) -> None:
 
 def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
     from hpcvod.jobs.jobdir import DEFAULT_ROOT
-    from hpcvod.jobs.submission import follow_output, submit_prepared, wait_for
-
-    from hpcvod.jobs.submission import secret_values
+    from hpcvod.jobs.submission import follow_output, secret_values, submit_prepared, wait_for
 
     prepared = _prepare(args, program, argv)
     secret_values(prepared.plan.secret_env)  # a secret not set here is refused by a dry run too

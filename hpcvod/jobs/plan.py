@@ -227,6 +227,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
             raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
         if key in user_env:
             raise UserError(f"--env {key}: given both as KEY=VALUE and as a secret KEY; choose one")
+        if key in site_env:  # the script's export of the site's value would hide the secret
+            raise UserError(f"--env {key}: site {site.name!r} sets it in the script already; choose another name")
     contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name}
     forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *user_env, *secret_env]
 

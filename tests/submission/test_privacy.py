@@ -212,6 +212,13 @@ def test_secret_not_set_is_one_line_exit_2_nothing_written(cli, tmp_path, monkey
     assert not (tmp_path / "jobs").exists()
     code, _, err = cli("submit", "--dry-run", "--site", "local", "--env", "NOT-A-NAME", "train.py")
     one_error_line(code, err, "--env 'NOT-A-NAME': expected KEY")
+    monkeypatch.setenv("MY_TOKEN", "x")
+    code, _, err = cli("submit", "--dry-run", "--site", "local", "--env", "MY_TOKEN=1", "--env", "MY_TOKEN",
+                       "train.py")
+    one_error_line(code, err, "--env MY_TOKEN: given both as KEY=VALUE and as a secret KEY")
+    monkeypatch.setenv("NCCL_IB_DISABLE", "x")
+    code, _, err = cli("submit", "--dry-run", "--site", "local", "--secret-env", "NCCL_IB_DISABLE", "train.py")
+    one_error_line(code, err, "--env NCCL_IB_DISABLE: site 'local' sets it in the script already")
 
 
 def test_render_and_dry_run_show_the_name_only(cli, tmp_path, monkeypatch):
