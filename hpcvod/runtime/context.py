@@ -102,6 +102,55 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         release(guard)
 
 
+ARRIVAL_TAG = 31517   # init()'s "I am here" messages to rank 0 (point-to-point on COMM_WORLD)
+ARRIVAL_GRACE_SECONDS = 5.0
+
+
+def _abort_world(world: Any, line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+    time.sleep(0.5)   # let the launcher forward the line before it kills every rank
+    try:
+        world.Abort(1)
+    finally:
+        _hard_exit(1)   # an MPI_Abort that could not reach the launcher
+
+
+def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
+    """init()'s first step, polled from Python (a blocking collective would hold the GIL in C): every rank
+    tells rank 0 it arrived, then a non-blocking barrier. A rank that exited, died, was stopped or hangs before
+    init() never arrives: after ``timeout`` seconds rank 0 names it and ends the whole job (MPI_Abort, which
+    launchers carry out on every rank, a stopped one included). The others wait for rank 0 (or, when rank 0
+    is the one missing, for the init() deadline)."""
+    rank, size = world.Get_rank(), world.Get_size()
+    if size == 1:
+        return
+    flags = bytearray(size)
+    if rank == 0:
+        arrivals = [world.Irecv([memoryview(flags)[r:r + 1], MPI.BYTE], source=r, tag=ARRIVAL_TAG)
+                    for r in range(1, size)]
+    else:
+        arrivals = [world.Isend([b"\x01", MPI.BYTE], dest=0, tag=ARRIVAL_TAG)]
+    barrier = world.Ibarrier()
+    limit = time.monotonic() + timeout if timeout > 0 else float("inf")
+    pause = 0.0001
+    while not barrier.Test():
+        late = time.monotonic() - limit
+        if rank == 0 and late > 0:
+            MPI.Request.Testall(arrivals)
+            missing = [r for r in range(1, size) if not flags[r]]
+            shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+            _abort_world(world, f"hpcvod: rank 0 on {hostname()}: rank(s) {shown} of {size} never reached hvd.init() "
+                                f"within {timeout:g} s (they exited, died, were stopped or hang before it; their own "
+                                f"output may say why); ending the whole job (MPI_Abort)")
+        elif late > ARRIVAL_GRACE_SECONDS:   # rank 0, which names the missing ranks, is itself gone
+            _abort_world(world, f"hpcvod: rank {rank} on {hostname()}: not every rank reached hvd.init() within "
+                                f"{timeout + ARRIVAL_GRACE_SECONDS:g} s, and rank 0 did not say which (it may be the "
+                                f"one missing); ending the whole job (MPI_Abort)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    MPI.Request.Waitall(arrivals)
+
+
 def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequence[ProcessSet]]) -> None:
     global _rt, _atexit_registered
 
@@ -116,6 +165,7 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
     if comm is None:
         base = MPI.COMM_WORLD
         check_world_size(base.Get_size(), MPI.Get_library_version())
+        _wait_for_every_rank(MPI, base, settings.init_timeout_seconds / 2)
     elif isinstance(comm, MPI.Comm):
         base = comm
     else:

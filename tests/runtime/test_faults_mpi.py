@@ -11,6 +11,8 @@ import re
 
 import pytest
 
+from conftest import flavour
+
 FAST = {"HPCVOD_HEARTBEAT_TIMEOUT_SECONDS": "3", "HPCVOD_INIT_TIMEOUT": "10"}
 PID = r"\(pid \d+ on \S+\)"
 # What the survivors (or the launcher) say about the victim, rank 1, in each case.
@@ -24,10 +26,12 @@ NAMED = {
     ("kill", "in-shutdown"): rf"aborting the job: rank 1 {PID} died",
     ("stop", "in-shutdown"): rf"aborting the job: rank 1 {PID} has not been heard from",
     ("raise", "before-init"): r"hpcvod: rank 1 on \S+: uncaught RuntimeError before hvd.init\(\) completed",
+    **{(fault, "before-init"): r"hpcvod: rank 0 on \S+: rank\(s\) 1 of 3 never reached hvd.init\(\) within 5 s"
+       for fault in ("exit", "kill", "stop")},
     ("raise", "in-init"): r"hpcvod: rank 1 on \S+: uncaught RuntimeError before hvd.init\(\) completed",
 }
-# Before init() completes there is no control channel: a rank that exits, dies or stops there leaves the others
-# in init()'s collectives, which end after HPCVOD_INIT_TIMEOUT without knowing which rank is missing.
+# A rank that exits, dies or stops inside init(), after its first collectives, leaves the others in init()'s
+# collectives, which end after HPCVOD_INIT_TIMEOUT without knowing which rank is missing.
 INIT_DEADLINE = r"hpcvod: rank [02] on \S+: hvd.init\(\) has not completed after 10 s"
 
 CASES = [(f, p) for f in ("exit", "raise", "kill", "stop")
@@ -37,11 +41,12 @@ CASES = [(f, p) for f in ("exit", "raise", "kill", "stop")
 @pytest.mark.mpi
 @pytest.mark.parametrize("fault,phase", CASES, ids=[f"{f}-{p}" for f, p in CASES])
 def test_fault_matrix_ends_the_job_naming_the_culprit(mpich, fault: str, phase: str) -> None:
-    # A stopped rank, and a rank that exits or dies before init() completes, are beyond hpcvod's reach (a
-    # stopped process runs no code; an early exit waits in MPI_Finalize): the launcher ends them. Hydra does by
-    # default (as `hpcvod run` and the local site use it); under srun that takes --kill-on-bad-exit
-    # (docs/runtime.md). Every other case runs with the launcher held back, so hpcvod alone ends the job.
-    left_to_launcher = fault == "stop" or (fault in ("exit", "kill") and phase in ("before-init", "in-init"))
+    # A stopped rank (it runs no code), and a rank that exits or dies inside init() (an early exit waits in
+    # MPI_Finalize), outlive what hpcvod can do on the others: the launcher ends them. Hydra does by default
+    # (as `hpcvod run` and the local site use it); srun with --kill-on-bad-exit, which hpcvod's srun line passes.
+    # Before init(), rank 0's arrival check ends the job itself (MPI_Abort). Every other case runs with the
+    # launcher held back, so hpcvod alone ends the job.
+    left_to_launcher = phase != "before-init" and (fault == "stop" or (fault in ("exit", "kill") and phase == "in-init"))
     run = mpich.run(3, "w_fault.py", "1", fault, phase, env=FAST, timeout=60, no_cleanup=not left_to_launcher)
     assert f"victim 1: {fault} at {phase}" in run.stdout, run.explain()
     assert run.returncode != 0, run.explain()
@@ -53,11 +58,15 @@ def test_fault_matrix_ends_the_job_naming_the_culprit(mpich, fault: str, phase: 
     assert re.search(expected, run.output), f"expected /{expected}/\n" + run.explain()
 
 
+# Every way of leaving under MPICH; one case under each other flavour (the mechanism is hpcvod's, not the MPI's).
+LEAVES = [("mpich", 1, "return"), ("mpich", 0, "exit"), ("mpich", 2, "shutdown"), ("openmpi", 1, "return"),
+          ("impi", 1, "return")]
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("leaver,how", [(1, "return"), (0, "exit"), (2, "shutdown")])
-def test_a_rank_that_leaves_cleanly_fails_the_others_collectives(mpi, leaver: int, how: str) -> None:
-    if mpi.name != "mpich" and (leaver, how) != (1, "return"):
-        pytest.skip("one case per other MPI flavour is enough: the mechanism is hpcvod's, not the MPI's")
+@pytest.mark.parametrize("flavour_name,leaver,how", LEAVES, ids=[f"{f}-{r}-{h}" for f, r, h in LEAVES])
+def test_a_rank_that_leaves_cleanly_fails_the_others_collectives(flavour_name: str, leaver: int, how: str) -> None:
+    mpi = flavour(flavour_name)
     run = mpi.run(3, "w_leave.py", str(leaver), how, timeout=90)
     assert f"rank {leaver} leaves by {how}" in run.stdout, run.explain()
     assert run.returncode != 0, run.explain()
