@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, TypeVar
 
-from .errors import HpcvodConfigError
+from .errors import HpcvodConfigError, first_of
 
 T = TypeVar("T")
 
@@ -95,8 +95,7 @@ def settings_disagreement(per_rank: list[tuple]) -> Optional[str]:
 
 
 def _span(ranks: list[int]) -> str:
-    listed = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-    return ("rank " if len(ranks) == 1 else "ranks ") + listed
+    return ("rank " if len(ranks) == 1 else "ranks ") + first_of([str(r) for r in ranks], 8)
 
 
 @dataclass(frozen=True)

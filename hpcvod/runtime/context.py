@@ -12,8 +12,8 @@ from typing import Any, Optional, Sequence, Union
 from . import gpu
 from .config import Settings, settings_disagreement
 from .errors import (HpcvodConfigError, HpcvodError, HpcvodInputError, HpcvodNotInitializedError,
-                     HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError)
-from .mpi_start import arm_abort_hook, deadline, disarm_abort_hook, release, start_mpi
+                     HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError, first_of)
+from .mpi_start import abort_world, arm_abort_hook, deadline, disarm_abort_hook, release, start_mpi
 from .process_sets import ProcessSet, global_process_set
 from .world import WorldInfo, check_world_size, hostname
 
@@ -88,7 +88,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         start_mpi(Settings().init_timeout_seconds)
         raise
     MPI = start_mpi(settings.init_timeout_seconds)
-    arm_abort_hook()   # also when the user started MPI before init()
+    arm_abort_hook()   # again: the script may have replaced sys.excepthook since hpcvod was imported
     # init()'s own collectives wait for every rank: one that exited, stopped or hangs before init() would
     # leave the others here for ever
     guard = deadline(settings.init_timeout_seconds, (
@@ -104,15 +104,6 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
 
 ARRIVAL_TAG = 31517   # init()'s "I am here" messages to rank 0 (point-to-point on COMM_WORLD)
 ARRIVAL_GRACE_SECONDS = 5.0
-
-
-def _abort_world(world: Any, line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-    time.sleep(0.5)   # let the launcher forward the line before it kills every rank
-    try:
-        world.Abort(1)
-    finally:
-        _hard_exit(1)   # an MPI_Abort that could not reach the launcher
 
 
 def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
@@ -138,14 +129,13 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
         if rank == 0 and late > 0:
             MPI.Request.Testall(arrivals)
             missing = [r for r in range(1, size) if not flags[r]]
-            shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-            _abort_world(world, f"hpcvod: rank 0 on {hostname()}: rank(s) {shown} of {size} never reached hvd.init() "
-                                f"within {timeout:g} s (they exited, died, were stopped or hang before it; their own "
-                                f"output may say why); ending the whole job (MPI_Abort)")
+            abort_world(world, f"hpcvod: rank 0 on {hostname()}: rank(s) {first_of([str(r) for r in missing], 20)} of "
+                               f"{size} never reached hvd.init() within {timeout:g} s (they exited, died, were stopped "
+                               f"or hang before it; their own output may say why); ending the whole job (MPI_Abort)")
         elif late > ARRIVAL_GRACE_SECONDS:   # rank 0, which names the missing ranks, is itself gone
-            _abort_world(world, f"hpcvod: rank {rank} on {hostname()}: not every rank reached hvd.init() within "
-                                f"{timeout + ARRIVAL_GRACE_SECONDS:g} s, and rank 0 did not say which (it may be the "
-                                f"one missing); ending the whole job (MPI_Abort)")
+            abort_world(world, f"hpcvod: rank {rank} on {hostname()}: not every rank reached hvd.init() within "
+                               f"{timeout + ARRIVAL_GRACE_SECONDS:g} s, and rank 0 did not say which (it may be the "
+                               f"one missing); ending the whole job (MPI_Abort)")
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     MPI.Request.Waitall(arrivals)

@@ -41,7 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import handles as K
-from .errors import (HpcvodError, HpcvodInputError, HpcvodMismatchError, HpcvodShutdownError)
+from .errors import (HpcvodError, HpcvodInputError, HpcvodMismatchError, HpcvodShutdownError, first_of)
 from .handles import Handle
 from .hierarchical import MpiPrimitives, Topology, hierarchical_allreduce
 from .timeline import MEMCPY_IN, MEMCPY_OUT, NEGOTIATE, QUEUE, Timeline
@@ -791,11 +791,8 @@ class Lane:
         """Every member waits on collectives no other member submitted, and none can submit more: a rank
         skipped collectives (an exception it caught between two of them) and the ranks are out of step. Waiting
         would hang for ever; the same error on every member is what the user can act on."""
-        def listing(items: list) -> str:
-            names = [repr(name) for name, _, _ in items[:4]]
-            return ", ".join(names) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
-
-        detail = "; ".join(f"rank {self.ranks[r]} waits for {listing(its)}" for r, (_, its, _) in enumerate(everyone))
+        detail = "; ".join(f"rank {self.ranks[r]} waits for {first_of([repr(name) for name, _, _ in its], 4)}"
+                           for r, (_, its, _) in enumerate(everyone))
         err = HpcvodMismatchError(
             f"ranks are out of step in process set {self.set_id}: every rank waits for collectives that no other "
             f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")

@@ -55,6 +55,11 @@ class HpcvodShutdownError(HpcvodError):
     """The runtime was shut down while this operation was pending."""
 
 
+def first_of(items: "list[str]", limit: int) -> str:
+    """``a, b, c and N more``: a list in an error message, cut at ``limit`` items."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 # Horovod's name for "a collective failed because the job is broken", for drop-in ``except`` clauses.
 HorovodInternalError = HpcvodError
 

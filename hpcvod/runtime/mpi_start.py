@@ -54,10 +54,20 @@ def _abort_on_uncaught(etype: type, value: BaseException, tb: Any) -> None:
         rank = MPI.COMM_WORLD.Get_rank()
     except Exception:
         return
-    print(f"hpcvod: rank {rank} on {hostname()}: uncaught {etype.__name__} before hvd.init() completed; "
-          f"ending the whole MPI job (MPI_Abort) so that no rank waits for this one", file=sys.stderr, flush=True)
-    time.sleep(ABORT_FLUSH_SECONDS)   # the launcher kills every rank at once: let it forward these lines first
-    MPI.COMM_WORLD.Abort(1)
+    abort_world(MPI.COMM_WORLD, f"hpcvod: rank {rank} on {hostname()}: uncaught {etype.__name__} before "
+                                f"hvd.init() completed; ending the whole MPI job (MPI_Abort) so that no rank waits "
+                                f"for this one")
+
+
+def abort_world(world: Any, line: str) -> None:
+    """Print ``line`` and end every rank of ``world`` (MPI_Abort, which launchers carry out on every rank, a
+    stopped one included); this process leaves in any case."""
+    print(line, file=sys.stderr, flush=True)
+    time.sleep(ABORT_FLUSH_SECONDS)   # the launcher kills every rank at once: let it forward the line first
+    try:
+        world.Abort(1)
+    finally:
+        os._exit(1)   # an MPI_Abort that could not reach the launcher
 
 
 _previous_hook: Callable[..., Any] = sys.__excepthook__
@@ -88,7 +98,6 @@ def start_mpi(timeout: Optional[float] = None) -> ModuleType:
         return started
     if timeout is None:
         timeout = Settings.from_env().init_timeout_seconds
-    arm_abort_hook()
     if timeout <= 0 or not sys.executable:
         from mpi4py import MPI
         return MPI

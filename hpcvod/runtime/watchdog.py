@@ -404,20 +404,13 @@ class Watchdog:
             selector.unregister(self._up)
             self._up.close()
             self._up = None
-            if not self._closing:
-                self._abort("rank 0 died: its control connection closed without a clean shutdown", "failure")
-            elif not self._final.is_set():
-                self._end_after_close("rank 0 died: its control connection closed without a clean shutdown")
+            self._job_failed("rank 0 died: its control connection closed without a clean shutdown", "failure")
             return
         self._up_heard = time.monotonic()
         messages, self._up_buf = self._messages(self._up_buf + chunk, "rank 0")
         for msg in messages:
             if msg.get("t") == "abort":
-                reason = str(msg.get("reason"))[:4000]
-                if self._closing:   # this rank has finished: its exit says how the job ended, see wait_final
-                    self._end_after_close(reason)
-                else:
-                    self._abort(reason, "stall" if msg.get("kind") == "stall" else "failure")
+                self._job_failed(str(msg.get("reason"))[:4000], "stall" if msg.get("kind") == "stall" else "failure")
             elif msg.get("t") == "left" and isinstance(msg.get("rank"), int) and \
                     isinstance(msg.get("agreed") or {}, dict):
                 if self._left is not None:
@@ -458,12 +451,8 @@ class Watchdog:
             if self._up is not None:
                 mine = [list(item) for item in self._pending() if item[3] > REPORT_AFTER_SECONDS][:MAX_REPORTED]
                 self._send_up({"t": "pending", "items": mine} if mine else {"t": "hb"})
-                if timeout and now - self._up_heard > timeout:
-                    reason = f"rank 0 has not been heard from for {now - self._up_heard:.0f} s"
-                    if not self._closing:
-                        self._abort(reason, "failure")
-                    elif not self._final.is_set():
-                        self._end_after_close(reason)
+                if timeout and now - self._up_heard > timeout and not self._final.is_set():
+                    self._job_failed(f"rank 0 has not been heard from for {now - self._up_heard:.0f} s", "failure")
             elif self._stall_enabled():
                 self._inspect_local(now)
 
@@ -556,9 +545,14 @@ class Watchdog:
         """Whether close() has said goodbye (or the channel was never up)."""
         return self._closing or not self._channel
 
-    def _end_after_close(self, reason: str) -> None:
-        self._final_word = reason
-        self._final.set()
+    def _job_failed(self, reason: str, kind: str) -> None:
+        """A rank other than 0 learns that the job failed: abort, or, once this rank has finished cleanly,
+        record it for its exit (see wait_final) and leave the rank running."""
+        if not self._closing:
+            self._abort(reason, kind)
+        elif not self._final.is_set():
+            self._final_word = reason
+            self._final.set()
 
     def wait_final(self) -> str:
         """After close(), on a rank other than 0: wait until rank 0 says how the job ended; "" when every rank
