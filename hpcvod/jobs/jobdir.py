@@ -10,52 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from hpcvod.jobs.files import RECORD_FILE, job_modes, json_kind, read_json, write_job_file
 from hpcvod.jobs.shell import safe_name
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import make_dir, open_append, open_regular, read_text_bounded, write_atomic
+from hpcvod.sites.files import make_dir, open_regular
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"
-RECORD_FILE = "job.json"
-MAX_JSON_BYTES = 1 << 20  # what hpcvod writes there is a few KiB
 
 
 def default_roots() -> list[Path]:
     """Where `status/logs/cancel JOB` look for a job id: $HPCVOD_JOBS_DIR, then ./hpcvod-jobs."""
     roots = [Path(p) for p in os.environ.get("HPCVOD_JOBS_DIR", "").split(os.pathsep) if p]
     return roots + [Path(DEFAULT_ROOT)]
-
-
-@dataclass(frozen=True)
-class JobModes:
-    """Permissions of a job folder and what hpcvod writes in it: private to the owner by default, readable by
-    the group (never by others) when the user or the site profile shares job folders (docs/submission.md)."""
-
-    folder: int
-    file: int
-    script: int
-    umask: int  # what the rendered script sets before it writes anything (its logs, exitcode)
-
-    @property
-    def shared(self) -> bool:
-        return bool(self.folder & 0o070)
-
-
-PRIVATE = JobModes(folder=0o700, file=0o600, script=0o700, umask=0o077)
-SHARED = JobModes(folder=0o750, file=0o640, script=0o750, umask=0o027)
-
-
-def job_modes(shared: bool) -> JobModes:
-    return SHARED if shared else PRIVATE
-
-
-def modes_of(job_dir: Path) -> JobModes:
-    """The modes for files written later into an existing job folder (job.json, the cancel mark, output.log):
-    shared if the folder itself lets its group in."""
-    try:
-        return job_modes(bool(os.stat(job_dir).st_mode & 0o070))
-    except OSError:
-        return PRIVATE
 
 
 def ensure_root(root: Path, shared: bool = False) -> None:
@@ -87,51 +54,14 @@ def create_job_dir(root: Path, job_name: str, now: float | None = None, shared: 
     raise UserError(f"{root}: cannot create a new job folder for {base}")
 
 
-def write_job_file(path: Path, text: str, executable: bool = False) -> None:
-    """THE way hpcvod writes a file into a job folder: in one step (write_atomic), with the folder's modes
-    (owner-only, or group-readable in a shared folder) whatever the umask."""
-    modes = modes_of(path.parent)
-    write_atomic(path, text, mode=modes.script if executable else modes.file, exact=True)
-
-
-def open_job_log(path: Path):  # -> BinaryIO
-    """A log in a job folder opened for appending; created with the folder's file mode whatever the umask."""
-    return open_append(path, modes_of(path.parent).file)
-
-
 def write_json(path: Path, data: dict[str, Any]) -> None:
     write_job_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A job folder's JSON object; {} when the file is missing, a UserError naming it when it is anything but
-    the JSON object hpcvod wrote (empty, truncated, not UTF-8, a list, a FIFO, huge)."""
-    try:
-        text = read_text_bounded(path, MAX_JSON_BYTES, "job file")
-    except FileNotFoundError:
-        return {}
-    if not text.strip():
-        raise UserError(f"{path}: empty file: expected the JSON object hpcvod wrote there")
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise UserError(f"{path}: JSON nested too deeply: expected the JSON object hpcvod wrote there") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object, got a JSON {_json_kind(data)}")
-    return data
-
-
-def _json_kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
 
 
 def _text_field(data: dict[str, Any], key: str, path: Path) -> str:
     value = data.get(key, "")
     if not isinstance(value, str):
-        raise UserError(f"{path}: {key}: expected a string, got a JSON {_json_kind(value)}")
+        raise UserError(f"{path}: {key}: expected a string, got a JSON {json_kind(value)}")
     return value
 
 
@@ -165,7 +95,7 @@ def ref_from_dir(job_dir: Path) -> JobRef:
         raise UserError(f"{job_dir}: not a submitted hpcvod job folder (no job id in {RECORD_FILE})")
     plan = request.get("plan", {})
     if not isinstance(plan, dict):
-        raise UserError(f"{request_path}: plan: expected a JSON object, got a JSON {_json_kind(plan)}")
+        raise UserError(f"{request_path}: plan: expected a JSON object, got a JSON {json_kind(plan)}")
     name, source = (record["scheduler"], record_path) if "scheduler" in record else (plan.get("scheduler"), request_path)
     scheduler = known_scheduler(name, str(source))
     scheduler.check_job_id(job_id, str(record_path))

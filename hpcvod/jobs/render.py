@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hpcvod.jobs.jobdir import job_modes
+from hpcvod.jobs.files import job_modes
 from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.jobs.shell import Verbatim, shell_quote
 from hpcvod.sites.errors import UserError

@@ -13,7 +13,8 @@ from typing import Callable, Mapping, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.host import HostFacts
-from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_job_file, write_json
+from hpcvod.jobs.files import write_job_file
+from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec

@@ -107,7 +107,7 @@ class Scheduler:
                     ) -> subprocess.CompletedProcess:
         """The submit command (``submit_argv``) run in the job folder, with the secret values added to its
         environment and the job folder's umask (the scheduler creates output files with the submitter's umask)."""
-        from hpcvod.jobs.jobdir import modes_of
+        from hpcvod.jobs.files import modes_of
 
         env = {**os.environ, **secret_env} if secret_env else None
         return run_command(argv, cwd=job_dir, env=env, umask=modes_of(job_dir).umask)
@@ -177,7 +177,7 @@ def read_exit_file(job_dir: Path | None) -> int | None:
 
 def write_cancel_marker(job_dir: Path | None) -> None:
     if job_dir is not None:
-        from hpcvod.jobs.jobdir import write_job_file
+        from hpcvod.jobs.files import write_job_file
 
         write_job_file(job_dir / CANCEL_FILE, "cancelled by hpcvod cancel\n")
 

@@ -1,0 +1,86 @@
+"""The files of a job folder: the modes they get (private, or group-readable when shared) and how hpcvod writes
+and reads them. Below the schedulers, which write job.json, the cancel mark and output.log through it, and
+below jobdir.py, which creates and finds the folders."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcvod.sites.errors import UserError
+from hpcvod.sites.files import open_append, read_text_bounded, write_atomic
+
+RECORD_FILE = "job.json"      # what the scheduler said (written at submit)
+MAX_JSON_BYTES = 1 << 20  # what hpcvod writes there is a few KiB
+
+
+@dataclass(frozen=True)
+class JobModes:
+    """Permissions of a job folder and what hpcvod writes in it: private to the owner by default, readable by
+    the group (never by others) when the user or the site profile shares job folders (docs/submission.md)."""
+
+    folder: int
+    file: int
+    script: int
+    umask: int  # what the rendered script sets before it writes anything (its logs, exitcode)
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.folder & 0o070)
+
+
+PRIVATE = JobModes(folder=0o700, file=0o600, script=0o700, umask=0o077)
+SHARED = JobModes(folder=0o750, file=0o640, script=0o750, umask=0o027)
+
+
+def job_modes(shared: bool) -> JobModes:
+    return SHARED if shared else PRIVATE
+
+
+def modes_of(job_dir: Path) -> JobModes:
+    """The modes for files written later into an existing job folder (job.json, the cancel mark, output.log):
+    shared if the folder itself lets its group in."""
+    try:
+        return job_modes(bool(os.stat(job_dir).st_mode & 0o070))
+    except OSError:
+        return PRIVATE
+
+
+def write_job_file(path: Path, text: str, executable: bool = False) -> None:
+    """THE way hpcvod writes a file into a job folder: in one step (write_atomic), with the folder's modes
+    (owner-only, or group-readable in a shared folder) whatever the umask."""
+    modes = modes_of(path.parent)
+    write_atomic(path, text, mode=modes.script if executable else modes.file, exact=True)
+
+
+def open_job_log(path: Path):  # -> BinaryIO
+    """A log in a job folder opened for appending; created with the folder's file mode whatever the umask."""
+    return open_append(path, modes_of(path.parent).file)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A job folder's JSON object; {} when the file is missing, a UserError naming it when it is anything but
+    the JSON object hpcvod wrote (empty, truncated, not UTF-8, a list, a FIFO, huge)."""
+    try:
+        text = read_text_bounded(path, MAX_JSON_BYTES, "job file")
+    except FileNotFoundError:
+        return {}
+    if not text.strip():
+        raise UserError(f"{path}: empty file: expected the JSON object hpcvod wrote there")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply: expected the JSON object hpcvod wrote there") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got a JSON {json_kind(data)}")
+    return data
+
+
+def json_kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
