@@ -61,6 +61,12 @@ class Launcher:
         raise NotImplementedError
 
 
+def labelled(python: str, program: Sequence[str]) -> list[str]:
+    """``program`` run through the line labeller (hpcvod.launchers.label) by ``python``, which must import hpcvod:
+    every line it prints reaches the launcher as ``[RANK]<stdout>: ...`` or ``[RANK]<stderr>: ...``."""
+    return [python, "-m", "hpcvod.launchers.label", "--", *program]
+
+
 def launcher_for(kind: str, flavour: str) -> Launcher:
     """srun for kind 'srun'; otherwise the MPI's own launcher (mpirun and mpiexec are the same program)."""
     if kind == "srun":
@@ -76,4 +82,4 @@ def launcher_for(kind: str, flavour: str) -> Launcher:
     return HydraLauncher(flavour)
 
 
-__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "without_outer_launch", "Verbatim"]
+__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "labelled", "without_outer_launch", "Verbatim"]

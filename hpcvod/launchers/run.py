@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,11 +22,35 @@ from pathlib import Path
 
 from hpcvod.jobs.shell import shell_join
 from hpcvod.jobs.spec import parse_env
-from hpcvod.launchers import LaunchRequest, launcher_for, without_outer_launch
+from hpcvod.launchers import LaunchRequest, labelled, launcher_for, without_outer_launch
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
 from hpcvod.sites.errors import UserError
 
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def rank_python(program: list[str]) -> list[str]:
+    """The program the ranks run: a .py script under this Python; ``python ...`` under this Python too when the
+    ``python`` on PATH cannot import hpcvod (a system Python outside the venv), said in one line on stderr,
+    instead of an ImportError on every rank."""
+    if program[0].endswith(".py"):
+        return [sys.executable, *program]
+    if not _PYTHON.fullmatch(program[0]):
+        return program
+    found = shutil.which(program[0])
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return program
+    if found:
+        try:
+            probe = subprocess.run([found, "-c", "import hpcvod"], capture_output=True, timeout=60)
+            if probe.returncode == 0:
+                return program
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    print(f"hpcvod run: {program[0]!r} on PATH ({found or 'none'}) cannot import hpcvod: the ranks use "
+          f"{sys.executable}", file=sys.stderr)
+    return [sys.executable, *program[1:]]
 
 
 def parse_hosts(text: str, origin: str = "-H") -> list[tuple[str, int]]:
@@ -105,8 +130,7 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
         mpi = detect_mpi(args.launcher)
     except MpiNotFound as err:
         raise UserError(str(err)) from None
-    if program[0].endswith(".py"):
-        program = [sys.executable, *program]
+    program = rank_python(program)
 
     settings = {"HPCVOD_WORLD_SIZE": str(args.np), **runtime_settings(args), **dict(parse_env(args.env))}
     env = without_outer_launch(os.environ)
@@ -127,7 +151,7 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
             # one machine: shared memory only; Open MPI starts ~1 s faster than when it probes UCX (FACTS.md)
             env.setdefault("OMPI_MCA_pml", "ob1")
             env.setdefault("OMPI_MCA_btl", "self,sm")
-        argv = list(line.argv) + program
+        argv = list(line.argv) + labelled(sys.executable, program)
         if args.verbose:
             shown = " ".join(f"{k}={v}" for k, v in {**settings, **line.env}.items())
             print(f"hpcvod run: {mpi.flavour} ({mpi.evidence})\nhpcvod run: {shown} {shell_join(argv)}",

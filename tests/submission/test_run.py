@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvod.launchers.label import LABELLED
 from submission_helpers import clean_env
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -38,9 +39,17 @@ def _run(flavour: str, tmp_path: Path, *args: str) -> subprocess.CompletedProces
 
 
 def _records(done: subprocess.CompletedProcess) -> list[dict]:
+    """Each rank's JSON line, checked to carry that rank's stdout label."""
     assert done.returncode == 0, done.stderr + done.stdout
-    return sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-                  key=lambda r: r["rank"])
+    records = []
+    for line in done.stdout.splitlines():
+        label = LABELLED.match(line)
+        assert label, f"unlabelled line {line!r} in\n{done.stdout}"
+        if line[label.end():].startswith("{"):
+            record = json.loads(line[label.end():])
+            assert (int(label.group(1)), label.group(2)) == (record["rank"], "stdout"), line
+            records.append(record)
+    return sorted(records, key=lambda r: r["rank"])
 
 
 @pytest.mark.parametrize("flavour", sorted(VENVS))
@@ -72,6 +81,45 @@ def test_run_with_host_list_and_hostfile(flavour, tmp_path):
 def test_run_exit_status_is_the_jobs(tmp_path):
     done = _run("mpich", tmp_path, "-np", "2", "python3", "-c", "import sys; sys.exit(3)")
     assert done.returncode != 0
+
+
+TALKER = """
+import sys
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.rank
+print(f"out of {rank}", flush=True)
+print(f"err of {rank}", file=sys.stderr, flush=True)
+sys.stdout.write("no newline at the end")
+"""
+
+
+@pytest.mark.parametrize("flavour", sorted(VENVS))
+def test_run_labels_every_line_with_rank_and_stream(flavour, tmp_path):
+    """Every line carries [rank]<stdout|stderr>, whatever the MPI (Hydra's own -prepend-rank splits lines)."""
+    (tmp_path / "talk.py").write_text(TALKER)
+    done = _run(flavour, tmp_path, "-np", "2", "talk.py")
+    assert done.returncode == 0, done.stderr + done.stdout
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>: out of {rank}" in done.stdout.splitlines(), done.stdout
+        assert f"[{rank}]<stdout>: no newline at the end" in done.stdout.splitlines(), done.stdout
+        assert f"[{rank}]<stderr>: err of {rank}" in done.stderr.splitlines(), done.stderr
+    assert all(LABELLED.match(line) for line in done.stdout.splitlines()), done.stdout
+
+
+def test_run_python_not_importing_hpcvod_falls_back_to_this_python(tmp_path):
+    """`hpcvod run -np 2 python x.py` with a `python` on PATH that lacks hpcvod: one line, then this Python."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to("/usr/bin/python3")  # the system Python: no hpcvod, no mpi4py
+    (tmp_path / "hello.py").write_text("import hpcvod.runtime as hvd\nhvd.init()\nprint('size', hvd.size())\n")
+    venv_bin = VENVS["mpich"] / "bin"
+    env = clean_env(tmp_path, PATH=f"{bare}:/usr/bin:/bin")
+    done = subprocess.run([str(venv_bin / "python"), "-m", "hpcvod.cli", "run", "-np", "2", "python", "hello.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    notes = [line for line in done.stderr.splitlines() if "cannot import hpcvod" in line]
+    assert len(notes) == 1 and str(venv_bin / "python") in notes[0], done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[0]<stdout>: size 2", "[1]<stdout>: size 2"], done.stdout
 
 
 @pytest.mark.parametrize("args,message", [
