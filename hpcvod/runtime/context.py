@@ -13,6 +13,7 @@ from . import gpu
 from .config import Settings, settings_disagreement
 from .errors import (HpcvodConfigError, HpcvodError, HpcvodInputError, HpcvodNotInitializedError,
                      HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError, first_of)
+from .mpi_flavour import check_mpi_flavour
 from .mpi_start import abort_world, arm_abort_hook, deadline, disarm_abort_hook, release, start_mpi
 from .process_sets import ProcessSet, global_process_set
 from .world import WorldInfo, check_world_size, hostname
@@ -152,6 +153,7 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
         raise HpcvodError(
             "hpcvod needs MPI_THREAD_SERIALIZED or higher (its engine calls MPI from a background thread); "
             "do not lower mpi4py.rc.thread_level")
+    check_mpi_flavour(MPI.Get_library_version())  # the MPI the script promised (HPCVOD_MPI_FLAVOUR)
     if comm is None:
         base = MPI.COMM_WORLD
         check_world_size(base.Get_size(), MPI.Get_library_version())
