@@ -168,10 +168,11 @@ def _job_spec(args: argparse.Namespace, program: list[str]):
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
     from hpcvod.jobs.host import detect_host
     from hpcvod.jobs.submission import prepare
+    from hpcvod.schedulers import profile_options
     from hpcvod.sites.loader import discover_site
 
     host = detect_host()
-    site = discover_site(args.site, host.hostname)
+    site = discover_site(args.site, host.hostname, schedulers=profile_options())
     return prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv])
 
 
@@ -243,13 +244,14 @@ def _job_ref(job: str, site_name: str | None = None):
     if os.sep in job:
         raise UserError(f"JOB {job!r}: no such job folder")
     from hpcvod.jobs.host import detect_host
+    from hpcvod.schedulers import profile_options, scheduler_for
     from hpcvod.sites.loader import discover_site
 
-    site = discover_site(site_name, detect_host().hostname)
+    site = discover_site(site_name, detect_host().hostname, schedulers=profile_options())
     if site.profile.scheduler == "local" and not job.startswith("local-"):
         raise UserError(f"JOB {job!r}: no job folder records this id under {', '.join(map(str, _roots()))} "
                         "(give the job folder, or run this where you submitted)")
-    site.scheduler().check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option
+    scheduler_for(site).check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option
     return JobRef(job_id=job, scheduler=site.profile.scheduler, site=site.name, site_source=site.source, job_dir=None)
 
 
@@ -309,18 +311,20 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_sites(args: argparse.Namespace) -> int:
     from hpcvod import sites
+    from hpcvod.schedulers import profile_options
 
+    schedulers = profile_options()
     if args.sites_command == "schema":
         if args.markdown:
-            sys.stdout.write(sites.reference_markdown())
+            sys.stdout.write(sites.reference_markdown(schedulers))
         else:
-            _print_json(sites.schema())
+            _print_json(sites.schema(schedulers))
         return EXIT_OK
     if args.sites_command == "list":
         rows = []
         for name, path in sites.site_files().items():
             try:
-                site = sites.load_site_file(path)
+                site = sites.load_site_file(path, schedulers=schedulers)
                 rows.append((name, site.profile.scheduler, str(path), site.profile.description))
             except UserError as err:
                 rows.append((name, "INVALID", str(path), str(err)))
@@ -333,7 +337,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
 
         from hpcvod.sites.spec import to_data
 
-        site = sites.load_site(args.name)
+        site = sites.load_site(args.name, schedulers=schedulers)
         print(f"# site {site.name} from {site.source} (after extends and defaults)")
         data = to_data(site.profile)
         data["scheduler_options"] = to_data(site.scheduler_options)
@@ -344,10 +348,10 @@ def cmd_sites(args: argparse.Namespace) -> int:
     for name in args.files:
         try:
             if Path(name).name.startswith("_"):
-                sites.check_base_file(name)
+                sites.check_base_file(name, schedulers=schedulers)
                 print(f"{name}: ok (a base for extends: checked key by key, required keys not enforced)")
                 continue
-            site = sites.load_site(name, "validate")
+            site = sites.load_site(name, "validate", schedulers=schedulers)
             print(f"{name}: ok (site {site.name}, scheduler {site.profile.scheduler})")
         except UserError as err:
             print(one_line(str(err)), file=sys.stderr)
@@ -386,8 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args, program)
         if args.command == "doctor":
             from hpcvod.launchers.doctor import doctor
+            from hpcvod.schedulers import profile_options
+            from hpcvod.sites.loader import discover_site
 
-            return doctor(sys.stdout)
+            return doctor(sys.stdout, lambda hostname: discover_site(None, hostname, schedulers=profile_options()))
     except UserError as err:
         print(f"hpcvod: error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE

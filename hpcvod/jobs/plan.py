@@ -19,6 +19,7 @@ from hpcvod.jobs.host import HostFacts
 from hpcvod.jobs.shell import Verbatim, safe_name
 from hpcvod.jobs.spec import ENV_KEY, JobSpec, parse_time
 from hpcvod.launchers import LaunchRequest, launcher_for
+from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import apply_directive_overrides
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.loader import Site
@@ -119,7 +120,7 @@ def _program_argv(spec: JobSpec, site: Site, host: HostFacts, python: str) -> li
 def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:
     """Every decision about the job; raises UserError (one line) for anything the user must fix."""
     profile = site.profile
-    scheduler = site.scheduler()
+    scheduler = scheduler_for(site)
 
     # -- partition and what its nodes have
     partition_name = spec.partition or profile.default_partition or next(iter(profile.partitions))

@@ -33,11 +33,12 @@ from pathlib import Path
 from submitit.core import core, utils
 
 from hpcvod.jobs.host import detect_host
-from hpcvod.jobs.files import job_modes
 from hpcvod.jobs.jobdir import JobRef, ensure_root
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared, wait_for
+from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
+from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.loader import Site, discover_site
 
@@ -149,7 +150,9 @@ class HpcvodExecutor(core.PicklingExecutor):
                  **parameters: tp.Any) -> None:
         super().__init__(folder, max_num_timeout=0)
         self.host = detect_host()
-        self.site = site if isinstance(site, Site) else discover_site(site, self.host.hostname)
+        if not isinstance(site, Site):
+            site = discover_site(site, self.host.hostname, schedulers=profile_options())
+        self.site = site
         self._default_job_name: str | None = None
         self.update_parameters(**parameters)
 

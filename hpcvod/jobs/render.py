@@ -13,9 +13,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hpcvod.jobs.files import job_modes
 from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.jobs.shell import Verbatim, shell_quote
+from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular, write_atomic
 

@@ -13,12 +13,13 @@ from typing import Callable, Mapping, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.host import HostFacts
-from hpcvod.jobs.files import write_job_file
 from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
+from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import CANCEL_FILE, JobStatus, read_cancel_marker, write_cancel_marker
+from hpcvod.schedulers.jobfiles import write_job_file
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular
 from hpcvod.sites.loader import Site
@@ -36,7 +37,7 @@ class Prepared:
 
 def prepare(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> Prepared:
     plan = resolve(spec, site, host, command)
-    scheduler = site.scheduler()
+    scheduler = scheduler_for(site)
     return Prepared(site=site, plan=plan, script=render(plan, scheduler.template), script_name=scheduler.script_name)
 
 
@@ -63,7 +64,7 @@ def submit_prepared(prepared: Prepared, jobs_root: Path, extra_request: dict | N
             "hpcvod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": list(plan.command), "script": prepared.script_name, "plan": plan.to_dict(),
             "secret_env": list(plan.secret_env), **(extra_request or {})})
-        scheduler = prepared.site.scheduler()
+        scheduler = scheduler_for(prepared.site)
         submitted = scheduler.submit(job_dir, script, secrets)
         write_json(job_dir / RECORD_FILE, {"job_id": submitted.job_id, "scheduler": scheduler.name,
                                            "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **submitted.extra})
@@ -78,17 +79,16 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
     """The scheduler object for a job, with the options of the site it was submitted to when still loadable.
     The job id is checked here too, for JobRefs made by hand (the Python API): no command gets an id that is
     not of its scheduler's form."""
-    from hpcvod.schedulers import known_scheduler
-    from hpcvod.sites.errors import UserError
+    from hpcvod.schedulers import known_scheduler, profile_options
     from hpcvod.sites.loader import load_site_file
 
     cls = known_scheduler(ref.scheduler, f"job {ref.job_id!r}")
     cls.check_job_id(ref.job_id)
     if ref.site_source and os.path.isfile(ref.site_source):
         try:
-            site = load_site_file(ref.site_source)
+            site = load_site_file(ref.site_source, schedulers=profile_options())
             if site.profile.scheduler == ref.scheduler:
-                return site.scheduler()
+                return scheduler_for(site)
         except UserError:
             pass  # the profile changed since: the default options still know how to ask
     return cls()

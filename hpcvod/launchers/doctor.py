@@ -12,7 +12,10 @@ import json
 import os
 import subprocess
 import sys
-from typing import IO
+from typing import IO, TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from hpcvod.sites.loader import Site
 
 from hpcvod import __version__
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
@@ -115,17 +118,18 @@ def run_probes(env: dict[str, str]) -> dict[str, tuple[bool, str]]:
     return results
 
 
-def doctor(out: IO[str]) -> int:
-    """Print the report; exit status 1 when no working MPI was found (nothing could run), else 0."""
+def doctor(out: IO[str], find_site: "Callable[[str], Site]") -> int:
+    """Print the report; exit status 1 when no working MPI was found (nothing could run), else 0.
+    ``find_site(hostname)`` is the site a job submitted from here would use (the CLI hands it over: launchers
+    stand beside the schedulers, whose options a profile is validated against, and do not import them)."""
     from hpcvod.jobs.host import detect_host
     from hpcvod.sites.errors import UserError
-    from hpcvod.sites.loader import discover_site
 
     host = detect_host()
     rows: list[tuple[str, str, str]] = [("hpcvod", "ok", f"{__version__} (Python {sys.version.split()[0]}, "
                                                          f"{sys.executable})")]
     try:
-        site = discover_site(None, host.hostname)
+        site = find_site(host.hostname)
         rows.append(("site", "ok", f"{site.name} ({site.profile.scheduler}; {site.source})"))
     except UserError as err:
         rows.append(("site", "FAIL", str(err)))

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcvod.schedulers.base import Scheduler
+    from hpcvod.sites.loader import Site
 
-_NOT_SCHEDULERS = {"base"}
+_NOT_SCHEDULERS = {"base", "jobfiles"}
 
 
 def available_schedulers() -> list[str]:
@@ -29,6 +30,16 @@ def scheduler_class(name: str) -> "type[Scheduler]":
         raise KeyError(name)
     module = importlib.import_module(f"hpcvod.schedulers.{name}")
     return module.SCHEDULER
+
+
+def profile_options() -> dict[str, type]:
+    """What hpcvod.sites is handed to validate a profile: each scheduler's name -> its Options dataclass."""
+    return {name: scheduler_class(name).Options for name in available_schedulers()}
+
+
+def scheduler_for(site: "Site") -> "Scheduler":
+    """The scheduler a loaded site profile names, built with the profile's ``scheduler_options``."""
+    return scheduler_class(site.profile.scheduler)(site.scheduler_options)
 
 
 def known_scheduler(name: object, where: str) -> "type[Scheduler]":

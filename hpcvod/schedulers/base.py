@@ -13,13 +13,10 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import read_text_bounded
-
-if TYPE_CHECKING:
-    from hpcvod.jobs.plan import LaunchPlan
 
 # hpcvod's job states; every scheduler maps its own words onto these.
 PENDING = "PENDING"
@@ -67,6 +64,22 @@ class NoOptions:
 class SchedulerError(Exception):
     """A scheduler command failed (sbatch rejected the job, qstat is missing...)."""
 
+class JobRequest(Protocol):
+    """What a scheduler reads of a resolved job to write its directives (hpcvod.jobs.plan.LaunchPlan has it all;
+    the scheduler modules stay below hpcvod.jobs and only name the fields they use)."""
+
+    scheduler_job_name: str
+    nodes: int
+    world_size: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    gpu_type: str | None
+    time_seconds: int
+    partition: str
+    account: str | None
+
+
 
 class Scheduler:
     """Base of the scheduler modules. Subclasses set the class attributes and implement the methods."""
@@ -89,7 +102,7 @@ class Scheduler:
     def template(self) -> str:
         return f"{self.name}.j2"
 
-    def directives(self, plan: "LaunchPlan") -> list[str]:
+    def directives(self, plan: JobRequest) -> list[str]:
         """The resource request, one directive per line, without the prefix."""
         return []
 
@@ -107,7 +120,7 @@ class Scheduler:
                     ) -> subprocess.CompletedProcess:
         """The submit command (``submit_argv``) run in the job folder, with the secret values added to its
         environment and the job folder's umask (the scheduler creates output files with the submitter's umask)."""
-        from hpcvod.jobs.files import modes_of
+        from hpcvod.schedulers.jobfiles import modes_of
 
         env = {**os.environ, **secret_env} if secret_env else None
         return run_command(argv, cwd=job_dir, env=env, umask=modes_of(job_dir).umask)
@@ -177,7 +190,7 @@ def read_exit_file(job_dir: Path | None) -> int | None:
 
 def write_cancel_marker(job_dir: Path | None) -> None:
     if job_dir is not None:
-        from hpcvod.jobs.files import write_job_file
+        from hpcvod.schedulers.jobfiles import write_job_file
 
         write_job_file(job_dir / CANCEL_FILE, "cancelled by hpcvod cancel\n")
 
@@ -192,17 +205,6 @@ def status_from_exit_file(job_dir: Path | None) -> JobStatus | None:
         return None
     return JobStatus(COMPLETED if code == 0 else FAILED, raw=f"exit {code}", exit_code=code,
                      source=f"{EXIT_FILE} file")
-
-
-def options_from(cls: type, data: dict[str, Any], source: str | None) -> Any:
-    """Validate a profile's ``scheduler_options`` against a scheduler's Options dataclass."""
-    from hpcvod.sites.errors import ProfileError
-    from hpcvod.sites.spec import from_data
-
-    try:
-        return from_data(cls, data, ("scheduler_options",))
-    except ProfileError as err:
-        raise err.located(source) if source else err
 
 
 def no_such_job(job_id: str, scheduler: str) -> UserError:

@@ -105,7 +105,7 @@ def _check_pid(value: object, key: str, where: str) -> int:
 
 
 def _read_record(job_dir: Path, job_id: str) -> tuple[dict, str]:
-    from hpcvod.jobs.files import RECORD_FILE, read_json
+    from hpcvod.schedulers.jobfiles import RECORD_FILE, read_json
 
     where = str(job_dir / RECORD_FILE)
     record = read_json(job_dir / RECORD_FILE)
@@ -160,7 +160,7 @@ class LocalScheduler(Scheduler):
         return [SCRIPT_ARGV[0], script_name]  # secrets: in the child's environment (submit)
 
     def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
-        from hpcvod.jobs.files import modes_of, open_job_log
+        from hpcvod.schedulers.jobfiles import modes_of, open_job_log
 
         env = {**without_outer_launch(os.environ), **(secret_env or {})}
         with open_job_log(job_dir / OUTPUT_FILE) as log:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Mapping, Sequence
+from typing import Annotated, Mapping, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
+                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
                                     run_command, status_from_exit_file)
 from hpcvod.sites.spec import Pattern, doc
 
-if TYPE_CHECKING:
-    from hpcvod.jobs.plan import LaunchPlan
 
 _QUEUED = set("QHWTSMU")  # queued, held, waiting, in transit, suspended, moved, user-suspended
 _ACTIVE = set("REB")  # running, exiting, array begun
@@ -80,7 +78,7 @@ class PbsScheduler(Scheduler):
     job_id_pattern = re.compile(r"[0-9]+(?:\[[0-9]*\])?(?:\.[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
     job_id_example = "1234.server, 1234[].server or 1234[5].server"
 
-    def directives(self, plan: "LaunchPlan") -> list[str]:
+    def directives(self, plan: JobRequest) -> list[str]:
         chunk = [f"select={plan.nodes}", f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
                  f"mpiprocs={plan.tasks_per_node}", f"ompthreads={plan.cpus_per_task}"]
         if plan.gpus_per_node:

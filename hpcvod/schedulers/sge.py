@@ -12,15 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Mapping, Optional, Sequence
+from typing import Annotated, Mapping, Optional, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
+                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
                                     run_command, status_from_exit_file)
 from hpcvod.sites.spec import Pattern, doc
 
-if TYPE_CHECKING:
-    from hpcvod.jobs.plan import LaunchPlan
 
 _NAME = Pattern(r"[A-Za-z_][\w.-]*", "a Grid Engine object name")
 
@@ -107,7 +105,7 @@ class SgeScheduler(Scheduler):
     job_id_pattern = re.compile(r"[0-9]+(?:\.[0-9]+(?:-[0-9]+(?::[0-9]+)?)?)?")
     job_id_example = "1234 or 1234.5"
 
-    def directives(self, plan: "LaunchPlan") -> list[str]:
+    def directives(self, plan: JobRequest) -> list[str]:
         out = [
             f"-N {plan.scheduler_job_name}",
             f"-pe {self.options.parallel_environment} {plan.world_size}",

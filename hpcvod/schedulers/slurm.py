@@ -7,15 +7,13 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobStatus, Scheduler, SchedulerError, Submitted, run_command,
+                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, run_command,
                                     status_from_exit_file)
 from hpcvod.sites.spec import doc
 
-if TYPE_CHECKING:
-    from hpcvod.jobs.plan import LaunchPlan
 
 _STATES = {
     COMPLETED: ("COMPLETED",),
@@ -89,7 +87,7 @@ class SlurmScheduler(Scheduler):
     job_id_pattern = re.compile(r"[0-9]+(?:_[0-9]+|\+[0-9]+)?")
     job_id_example = "1234, 1234_5 or 1234+1"
 
-    def directives(self, plan: "LaunchPlan") -> list[str]:
+    def directives(self, plan: JobRequest) -> list[str]:
         out = [
             f"--job-name={plan.scheduler_job_name}",
             f"--nodes={plan.nodes}",

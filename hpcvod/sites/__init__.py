@@ -1,8 +1,12 @@
 """Site profiles: one YAML file per cluster (docs/sites.md).
 
 Public names: ``SiteProfile`` (the schema, defined once in ``profile.py``), ``Site`` (a loaded profile),
-``load_site(name_or_path)``, ``load_site_file(path)``, ``discover_site(requested, hostname)``,
-``site_files()``, ``schema()`` and ``UserError``/``ProfileError``.
+``load_site(name_or_path, schedulers=...)``, ``load_site_file(path, schedulers=...)``,
+``discover_site(requested, hostname, schedulers=...)``, ``site_files()``, ``schema(schedulers)`` and
+``UserError``/``ProfileError``.
+
+This package sits below the scheduler modules and never imports them: whoever loads a profile hands over the
+schedulers it may name and each one's options dataclass (``hpcvod.schedulers.profile_options()``).
 """
 
 from __future__ import annotations
@@ -10,24 +14,25 @@ from __future__ import annotations
 from typing import Any
 
 from hpcvod.sites.errors import ProfileError, UserError
-from hpcvod.sites.loader import Site, check_base_file, discover_site, load_site, load_site_file, search_dirs, shipped_dir, site_files
-from hpcvod.sites.profile import SiteProfile
+from hpcvod.sites.loader import (SchedulerOptions, Site, check_base_file, discover_site, load_site, load_site_file,
+                                 search_dirs, shipped_dir, site_files)
+from hpcvod.sites.profile import SCHEDULERS, SiteProfile
 
 
-def schema() -> dict[str, Any]:
-    """The published JSON Schema of a site profile, generated from ``SiteProfile`` and the schedulers' options."""
-    from hpcvod.schedulers import available_schedulers, scheduler_class
+def schema(schedulers: SchedulerOptions) -> dict[str, Any]:
+    """The published JSON Schema of a site profile, generated from ``SiteProfile`` and the options of the
+    ``schedulers`` it is handed (name -> Options dataclass)."""
     from hpcvod.sites.spec import json_schema
 
-    out = json_schema(SiteProfile)
+    out = json_schema(SiteProfile, choices={SCHEDULERS.key: sorted(schedulers)})
     out["$id"] = "https://hpcvod.invalid/schemas/site-profile.json"
     out["title"] = "hpcvod site profile"
     # a profile that extends another may leave the inherited required keys out
     required = out.pop("required", [])
     out["anyOf"] = [{"required": ["extends"]}, {"required": required}]
     branches = []
-    for name in available_schedulers():
-        options = json_schema(scheduler_class(name).Options)
+    for name in sorted(schedulers):
+        options = json_schema(schedulers[name])
         options.pop("$schema", None)
         branches.append({"if": {"properties": {"scheduler": {"const": name}}, "required": ["scheduler"]},
                          "then": {"properties": {"scheduler_options": options}}})
@@ -35,9 +40,8 @@ def schema() -> dict[str, Any]:
     return out
 
 
-def reference_markdown() -> str:
+def reference_markdown(schedulers: SchedulerOptions) -> str:
     """The key reference of docs/sites.md, generated from the same definition as the schema."""
-    from hpcvod.schedulers import available_schedulers, scheduler_class
     from hpcvod.sites.spec import field_docs
 
     def table(rows: list[tuple[str, str, str]]) -> list[str]:
@@ -46,14 +50,14 @@ def reference_markdown() -> str:
             out.append(f"| `{key}` | {expected.replace('|', '/')} | {text.replace('|', '/')} |")
         return out
 
-    lines = ["### Profile keys", ""] + table(field_docs(SiteProfile))
-    for name in available_schedulers():
-        rows = field_docs(scheduler_class(name).Options)
+    lines = ["### Profile keys", ""] + table(field_docs(SiteProfile, choices={SCHEDULERS.key: sorted(schedulers)}))
+    for name in sorted(schedulers):
+        rows = field_docs(schedulers[name])
         if rows:
             lines += ["", f"### `scheduler_options` for `scheduler: {name}`", ""]
             lines += table([(f"scheduler_options.{k}", e, t) for k, e, t in rows])
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ProfileError", "Site", "SiteProfile", "UserError", "check_base_file", "discover_site", "load_site", "load_site_file",
+__all__ = ["ProfileError", "SchedulerOptions", "Site", "SiteProfile", "UserError", "check_base_file", "discover_site", "load_site", "load_site_file",
            "reference_markdown", "schema", "search_dirs", "shipped_dir", "site_files"]

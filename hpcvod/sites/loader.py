@@ -12,8 +12,12 @@ import yaml
 
 from hpcvod.sites.errors import ProfileError, UserError
 from hpcvod.sites.files import read_text_bounded
-from hpcvod.sites.profile import SiteProfile, check_profile
-from hpcvod.sites.spec import from_data
+from hpcvod.sites.profile import SCHEDULERS, SiteProfile, check_profile
+from hpcvod.sites.spec import check_keys, from_data
+
+# What a caller hands the loader about the scheduler modules (which live above this package): each scheduler's
+# name -> the dataclass of its ``scheduler_options`` (hpcvod.schedulers.profile_options() gives the shipped ones).
+SchedulerOptions = Mapping[str, type]
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NOT_INHERITED = ("hostnames",)  # a profile that extends another does not claim the other's login nodes
@@ -26,18 +30,14 @@ MAX_EXTENDS = 16  # profiles in one extends chain
 
 @dataclass(frozen=True)
 class Site:
-    """A validated profile, where it came from, and its scheduler options."""
+    """A validated profile, where it came from, and its scheduler options (an instance of its scheduler's
+    Options dataclass; hpcvod.schedulers.scheduler_for(site) builds the scheduler)."""
 
     name: str
     source: str
     profile: SiteProfile
     scheduler_options: Any
     data: dict[str, Any]  # the merged YAML data (after extends), for `sites show`
-
-    def scheduler(self):  # -> hpcvod.schedulers.base.Scheduler
-        from hpcvod.schedulers import scheduler_class
-
-        return scheduler_class(self.profile.scheduler)(self.scheduler_options)
 
 
 # ---- where profiles live ----------------------------------------------------------------------------------
@@ -224,17 +224,21 @@ def _where(path: Path, key_path: tuple) -> str:
     return f"{path}:{line}" if line else str(path)
 
 
-def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ) -> Site:
-    """Load, merge and validate one profile file; every problem is a one-line UserError."""
-    from hpcvod.schedulers import scheduler_class
-    from hpcvod.schedulers.base import options_from
+def _choices(schedulers: SchedulerOptions) -> dict[str, list[str]]:
+    return {SCHEDULERS.key: sorted(schedulers)}
 
+
+def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ, *,
+                   schedulers: SchedulerOptions) -> Site:
+    """Load, merge and validate one profile file against the ``schedulers`` it is handed; every problem is a
+    one-line UserError."""
     path = Path(path)
     data, contributors = _data_with_bases(path, (), environ)
     try:
-        profile = from_data(SiteProfile, data)
+        profile = from_data(SiteProfile, data, choices=_choices(schedulers))
         check_profile(profile)
-        options = options_from(scheduler_class(profile.scheduler).Options, data.get("scheduler_options") or {}, None)
+        options = from_data(schedulers[profile.scheduler], data.get("scheduler_options") or {},
+                            ("scheduler_options",))
     except ProfileError as err:
         # name the file (and line) that holds the offending key: the profile itself or one of its bases
         where = next((_where(p, err.key_path) for p in contributors if _line_of(p, err.key_path[:1])), str(path))
@@ -242,14 +246,12 @@ def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ) ->
     return Site(name=path.stem, source=str(path), profile=profile, scheduler_options=options, data=data)
 
 
-def check_base_file(path: str | Path) -> None:
+def check_base_file(path: str | Path, *, schedulers: SchedulerOptions) -> None:
     """Validate a base profile (one that others extend) key by key; required keys may be missing."""
-    from hpcvod.sites.spec import check_keys
-
     path = Path(path)
     data = _read_yaml(path)
     try:
-        check_keys(SiteProfile, data)
+        check_keys(SiteProfile, data, choices=_choices(schedulers))
     except ProfileError as err:
         raise err.located(_where(path, err.key_path)) from None
 
@@ -264,18 +266,19 @@ def _unknown_site(name: str, origin: str, environ: Mapping[str, str]) -> UserErr
                      f"(or a path to a .yaml file)")
 
 
-def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ) -> Site:
+def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ, *,
+              schedulers: SchedulerOptions) -> Site:
     """A profile by name (looked up in the search folders) or by path."""
     if not name_or_path.strip():
         raise UserError(f"empty site name ({origin})")
     if _looks_like_path(name_or_path) or os.path.isfile(name_or_path):  # os.path: a name too long is no file
         if not os.path.lexists(name_or_path):
             raise UserError(f"site file {name_or_path!r} ({origin}): no such file")  # else: it says what it is
-        return load_site_file(name_or_path, environ)
+        return load_site_file(name_or_path, environ, schedulers=schedulers)
     path = site_files(environ, include_bases=True).get(name_or_path)
     if path is None:
         raise _unknown_site(name_or_path, origin, environ)
-    return load_site_file(path, environ)
+    return load_site_file(path, environ, schedulers=schedulers)
 
 
 def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -290,13 +293,14 @@ def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Pat
     return None
 
 
-def discover_site(requested: str | None, hostname: str, environ: Mapping[str, str] = os.environ) -> Site:
+def discover_site(requested: str | None, hostname: str, environ: Mapping[str, str] = os.environ, *,
+                  schedulers: SchedulerOptions) -> Site:
     """The site a command uses: --site, then $HPCVOD_SITE, then a profile claiming this hostname, then local."""
     if requested:
-        return load_site(requested, "--site", environ)
+        return load_site(requested, "--site", environ, schedulers=schedulers)
     if environ.get("HPCVOD_SITE"):
-        return load_site(environ["HPCVOD_SITE"], "$HPCVOD_SITE", environ)
+        return load_site(environ["HPCVOD_SITE"], "$HPCVOD_SITE", environ, schedulers=schedulers)
     by_host = site_for_host(hostname, environ)
     if by_host is not None:
-        return load_site_file(by_host, environ)
-    return load_site("local", "the default site", environ)
+        return load_site_file(by_host, environ, schedulers=schedulers)
+    return load_site("local", "the default site", environ, schedulers=schedulers)

@@ -18,12 +18,8 @@ EnvMap = dict[Annotated[str, ENV_NAME], EnvValue]
 Line = Annotated[str, ONE_LINE]
 Flavour = Literal["openmpi", "intelmpi", "mpich"]
 AUTO = "auto"
-
-
-def _scheduler_names() -> list[str]:
-    from hpcvod.schedulers import available_schedulers
-
-    return available_schedulers()
+# The scheduler modules live above this package: whoever validates a profile hands their names over under this key.
+SCHEDULERS = Choices("scheduler")
 
 
 @dataclass(frozen=True)
@@ -121,7 +117,7 @@ class Jobs:
 class SiteProfile:
     """One cluster (or one machine): its scheduler, partitions, launcher, MPI, interconnect and setup."""
 
-    scheduler: Annotated[str, Choices(_scheduler_names)] = doc("the batch scheduler module that submits jobs")
+    scheduler: Annotated[str, SCHEDULERS] = doc("the batch scheduler module that submits jobs")
     partitions: dict[Annotated[str, NAME_PATTERN], Partition] = doc(
         "partitions (Slurm) or queues (PBS) jobs may use, by name")
     launcher: Launcher = doc("how ranks are started")

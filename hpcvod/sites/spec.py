@@ -11,11 +11,13 @@ derives both directions that would otherwise drift apart:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, Union
+from typing import Any, Iterator, Literal, Mapping, Sequence, Union
 
 from hpcvod.sites.errors import ProfileError
 
@@ -42,9 +44,29 @@ class Pattern:
 
 @dataclasses.dataclass(frozen=True)
 class Choices:
-    """A string from a set known only at run time (e.g. the scheduler modules that exist)."""
+    """A string from a set the caller hands over at validation time (``choices={key: [...]}`` of ``from_data``,
+    ``check_keys``, ``json_schema``, ``field_docs``): the format names the set, it does not know who fills it
+    (e.g. the scheduler modules that exist, which live above this package)."""
 
-    values: Callable[[], list[str]]
+    key: str
+
+    def values(self) -> list[str]:
+        given = _GIVEN.get()
+        if self.key not in given:
+            raise TypeError(f"no choices given for {self.key!r}")  # a caller bug, not a user's mistake
+        return list(given[self.key])
+
+
+_GIVEN: contextvars.ContextVar[Mapping[str, Sequence[str]]] = contextvars.ContextVar("choices", default={})
+
+
+@contextlib.contextmanager
+def _choices(given: Mapping[str, Sequence[str]] | None) -> Iterator[None]:
+    token = _GIVEN.set({**_GIVEN.get(), **(given or {})})
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
 
 
 ONE_LINE = Pattern(r"[^\n\r]*", "one line of text")
@@ -136,9 +158,11 @@ def _got(value: Any) -> str:
 # ---- data -> instances -----------------------------------------------------------------------------------
 
 
-def from_data(cls: type, data: Any, path: KeyPath = ()) -> Any:
-    """Build a ``cls`` instance from parsed YAML/JSON, raising ProfileError at the first problem."""
-    return _convert(cls, data, path)
+def from_data(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None) -> Any:
+    """Build a ``cls`` instance from parsed YAML/JSON, raising ProfileError at the first problem. ``choices``
+    fills the format's ``Choices`` sets by key."""
+    with _choices(choices):
+        return _convert(cls, data, path)
 
 
 def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
@@ -237,8 +261,13 @@ def _convert_dataclass(cls: type, value: Any, path: KeyPath) -> Any:
     return cls(**kwargs)
 
 
-def check_keys(cls: type, data: Any, path: KeyPath = ()) -> None:
+def check_keys(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None) -> None:
     """Check the keys present in ``data`` without requiring the required ones (a base for ``extends``)."""
+    with _choices(choices):
+        _check_keys(cls, data, path)
+
+
+def _check_keys(cls: type, data: Any, path: KeyPath) -> None:
     if not isinstance(data, dict):
         raise ProfileError(path, f"expected a mapping, got {_got(data)}")
     hints = _hints(cls)
@@ -266,10 +295,11 @@ def to_data(obj: Any) -> Any:
 # ---- JSON Schema ------------------------------------------------------------------------------------------
 
 
-def json_schema(cls: type) -> dict[str, Any]:
+def json_schema(cls: type, choices: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a dataclass format; nested dataclasses go to ``$defs``."""
     defs: dict[str, Any] = {}
-    root = _schema_of(cls, defs, top=True)
+    with _choices(choices):
+        root = _schema_of(cls, defs, top=True)
     root = {"$schema": "https://json-schema.org/draft/2020-12/schema", **root}
     if defs:
         root["$defs"] = defs
@@ -343,8 +373,14 @@ def _dataclass_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+def field_docs(cls: type, prefix: str = "", choices: Mapping[str, Sequence[str]] | None = None
+               ) -> list[tuple[str, str, str]]:
     """(key path, expected, doc) for every field, nested sections included: the reference table of docs/sites.md."""
+    with _choices(choices):
+        return _field_docs(cls, prefix)
+
+
+def _field_docs(cls: type, prefix: str) -> list[tuple[str, str, str]]:
     rows = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
@@ -357,7 +393,7 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         for a in inner:
             a_base, _ = _split_annotated(a)
             if dataclasses.is_dataclass(a_base):
-                rows.extend(field_docs(a_base, key + "."))
+                rows.extend(_field_docs(a_base, key + "."))
             elif typing.get_origin(a_base) is dict and dataclasses.is_dataclass(typing.get_args(a_base)[1]):
-                rows.extend(field_docs(typing.get_args(a_base)[1], key + ".<name>."))
+                rows.extend(_field_docs(typing.get_args(a_base)[1], key + ".<name>."))
     return rows

@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
+from hpcvod import sites
 from hpcvod.jobs.host import HostFacts
 from hpcvod.launchers.flavour import MpiInstall
+from hpcvod.schedulers import profile_options
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -18,6 +21,12 @@ GOLDEN = HERE / "golden"
 GOLDEN_WORKDIR = Path("/tmp/hpcvod-golden-workdir")
 # Site lookups that see only the shipped profiles (no $HPCVOD_SITE_PATH, no user's ~/.config/hpcvod/sites).
 NO_USER_CONFIG = {"XDG_CONFIG_HOME": "/nonexistent/hpcvod-tests-config"}
+# hpcvod.sites validates a profile against the scheduler modules it is handed: the shipped ones here.
+SCHEDULER_OPTIONS = profile_options()
+load_site = partial(sites.load_site, schedulers=SCHEDULER_OPTIONS)
+discover_site = partial(sites.discover_site, schedulers=SCHEDULER_OPTIONS)
+site_schema = partial(sites.schema, SCHEDULER_OPTIONS)
+reference_markdown = partial(sites.reference_markdown, SCHEDULER_OPTIONS)
 
 
 def golden_host(flavour: str = "mpich", gpus: int = 0, is_root: bool = False) -> HostFacts:

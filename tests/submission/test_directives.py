@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from submission_helpers import NO_USER_CONFIG, golden_host
+from submission_helpers import NO_USER_CONFIG, golden_host, load_site
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.sites import load_site
+from hpcvod.schedulers import scheduler_for
 
 # PBS Pro (Reference Guide, qsub): a chunk is resource=value pairs joined by ':' after select=N
 PBS_NAME = re.compile(r"^[A-Za-z][^\s@:]{0,235}$")
@@ -33,7 +33,7 @@ def _directives(text: str, prefix: str) -> list[str]:
 def _plan(site_name: str, nodes: int, gpus: int, workdir, **spec):
     site = load_site(site_name, environ=NO_USER_CONFIG)
     plan = resolve(JobSpec(program="train.py", nodes=nodes, gpus_per_node=gpus, **spec), site, golden_host(gpus=gpus))
-    return site, plan, render(plan, site.scheduler().template)
+    return site, plan, render(plan, scheduler_for(site).template)
 
 
 @pytest.mark.parametrize("site_name", ["pbs-ib-openmpi", "pbs-roce-intelmpi"])
@@ -112,7 +112,7 @@ def test_directive_skip_and_extra(golden_workdir, tmp_path):
         "directives:\n  skip: ['--cpus-per-task']\n  extra: ['--constraint=ib&hdr', '--qos=high']\n")
     site = load_site(str(profile), environ=NO_USER_CONFIG)
     plan = resolve(JobSpec(program="train.py", nodes=2, gpus_per_node=4), site, golden_host(gpus=4))
-    text = render(plan, site.scheduler().template)
+    text = render(plan, scheduler_for(site).template)
     directives = _directives(text, "#SBATCH")
     assert not any(d.startswith("--cpus-per-task") for d in directives)
     assert directives[-2:] == ["--constraint=ib&hdr", "--qos=high"]

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from hpcvod.sites import reference_markdown
+from submission_helpers import reference_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sites.md"
 BLOCK = re.compile(r"(<!-- keys:begin -->\n)(.*?)(<!-- keys:end -->)", re.S)

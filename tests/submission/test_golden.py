@@ -12,11 +12,12 @@ import subprocess
 
 import pytest
 
-from submission_helpers import GOLDEN, NO_USER_CONFIG, golden_host
+from submission_helpers import GOLDEN, NO_USER_CONFIG, golden_host, load_site
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.sites import UserError, load_site, site_files
+from hpcvod.schedulers import scheduler_for
+from hpcvod.sites import UserError, site_files
 
 SHIPPED = sorted(site_files(environ=NO_USER_CONFIG))
 LAYOUTS = [(1, 0), (4, 4)]
@@ -37,7 +38,7 @@ def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_r
     site = load_site(site_name, environ=NO_USER_CONFIG)
     host = golden_host(flavour, gpus=gpus, is_root=is_root)
     plan = resolve(_spec(nodes, gpus), site, host, _command(nodes, gpus, site_name))
-    return render(plan, site.scheduler().template)
+    return render(plan, scheduler_for(site).template)
 
 
 def feasible(name: str, nodes: int, gpus: int) -> bool:

@@ -271,7 +271,7 @@ def test_cancel_in_the_same_instant_as_submit(workdir, monkeypatch):
     from hpcvod.jobs.host import detect_host
     from hpcvod.jobs.spec import JobSpec
     from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared
-    from hpcvod.sites import load_site
+    from submission_helpers import load_site
 
     monkeypatch.chdir(workdir)
     script = workdir / "sleeper-now.py"

@@ -22,8 +22,8 @@ from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.schedulers.base import EXIT_FILE, OUTPUT_FILE
-from hpcvod.sites.loader import load_site
-from submission_helpers import NO_USER_CONFIG, clean_env, golden_host, hpcvod, one_error_line
+from hpcvod.schedulers import scheduler_for
+from submission_helpers import NO_USER_CONFIG, clean_env, golden_host, hpcvod, load_site, one_error_line
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -261,7 +261,7 @@ def test_scheduler_gets_the_name_in_argv_and_the_value_in_its_environment(tmp_pa
     monkeypatch.setenv("MY_TOKEN", value)
     monkeypatch.chdir(tmp_path)
     site = load_site(site_name, environ=NO_USER_CONFIG)
-    scheduler = site.scheduler()
+    scheduler = scheduler_for(site)
     assert scheduler.submit_argv(scheduler.script_name, ["MY_TOKEN"]) == [command, *argv_tail]
     prepared = prepare(JobSpec(program="train.py", secret_env=("MY_TOKEN",)), site, golden_host(flavour="openmpi"),
                        command=("hpcvod", "submit", "--env", "MY_TOKEN", "train.py"))

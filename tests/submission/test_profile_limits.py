@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.sites import UserError, load_site
+from hpcvod.sites import UserError
 from hpcvod.sites.loader import MAX_DEPTH, MAX_EXTENDS, MAX_PROFILE_BYTES
-from submission_helpers import NO_USER_CONFIG, hpcvod
+from submission_helpers import NO_USER_CONFIG, hpcvod, load_site
 
 MINIMAL = ("scheduler: slurm\nlauncher:\n  kind: srun\n  mpi_plugin: pmix\nmpi:\n  flavour: openmpi\n"
            "partitions:\n  gpu:\n    cpus_per_node: 8\n    gpus_per_node: 2\n")

@@ -1,6 +1,6 @@
 """The files of a job folder: the modes they get (private, or group-readable when shared) and how hpcvod writes
-and reads them. Below the schedulers, which write job.json, the cancel mark and output.log through it, and
-below jobdir.py, which creates and finds the folders."""
+and reads them. Beside the scheduler modules, which write job.json, the cancel mark and output.log through it, and
+below hpcvod/jobs/jobdir.py, which creates and finds the folders."""
 
 from __future__ import annotations
 
