@@ -130,6 +130,20 @@ def identity_fill(op: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
     return np.full(shape, info.max if op == MIN else info.min, dtype)
 
 
+def scale_into(src: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """``out = factor * src`` in Horovod's precision: float16 and float32 in float32 arithmetic (the factor
+    rounded to float32, float16 values widened, the product rounded once), everything else in float64 (integers
+    truncate toward zero). NumPy alone would round the factor to float16 first: one unit in the last place off."""
+    kind = src.dtype.kind
+    if kind == "f" and src.dtype.itemsize <= 4:
+        # dtype= picks the float32 loop: a float16 array times a float32 scalar still runs NumPy's float16 loop
+        np.multiply(src, np.float32(factor), out=out, casting="unsafe", dtype=np.float32)
+    elif kind in "iu":
+        np.multiply(src, factor, out=out, casting="unsafe", dtype=np.float64)
+    else:
+        np.multiply(src, factor, out=out, casting="unsafe")
+
+
 def describe_sig(sig: tuple) -> str:
     """A short human description of a request signature (for mismatch errors)."""
     kind = sig[0]
@@ -233,6 +247,7 @@ def fuse_key(sig: tuple) -> Any:
 # A request waiting longer than this forces a full round even when every rank's requests are cached, so
 # that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
 FULL_ROUND_AFTER_SECONDS = 1.0
+NAMED_SWEEP = 4096          # names remembered before finished ones are forgotten (Lane._claim_names)
 DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
 SPIN_SECONDS = 0.002       # see Lane._wait_request
 
@@ -280,6 +295,8 @@ class Lane:
         self._join_new = False
         self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
         self._names = itertools.count(1)         # unnamed collectives (next() is atomic under the GIL)
+        self._named: dict[str, Handle] = {}      # the last handle submitted under each name (see _claim_names)
+        self._named_limit = NAMED_SWEEP
         self.cycles = 0                          # negotiations started (the same sequence on every member)
         self.agreed = 0                          # negotiations completed
         # (agreed, error) once a member has left cleanly: negotiations past its count can never complete
@@ -295,10 +312,37 @@ class Lane:
         """
         return f"noname.{next(self._names)}"
 
+    def _claim_names(self, hs: "list[Handle]") -> None:
+        """Refuse a name still in flight on this rank, before anything is queued (Horovod raises at submission).
+
+        Two requests under one name cannot be told apart by the other ranks: accepted, they would pair with the
+        wrong partners or leave the ranks out of step. Unnamed requests get unique names and are not tracked.
+        """
+        named = self._named
+        batch: set[str] = set()
+        for h in hs:
+            if not h.unnamed:
+                old = named.get(h.name)
+                if (old is not None and not old.done) or h.name in batch:
+                    raise HpcvodInputError(
+                        f"a collective named {h.name!r} is still in flight on this rank (submitted earlier and "
+                        f"not finished): names of outstanding collectives must be unique, as in Horovod; "
+                        f"synchronize() the first one or use another name")
+                batch.add(h.name)
+        for h in hs:
+            if not h.unnamed:
+                named[h.name] = h
+        if len(named) > self._named_limit:       # forget finished ones now and then (names that change per step)
+            for name in [n for n, o in named.items() if o.done]:
+                del named[name]
+            self._named_limit = max(NAMED_SWEEP, 2 * len(named))
+
     def submit(self, h: Handle) -> Handle:
         """Queue ``h`` for the background thread (asynchronous forms). Lock-free in the common case."""
         if self._abort is not None:
             raise self._abort
+        if not h.unnamed:
+            self._claim_names([h])
         if self.timeline is not None:
             h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
@@ -312,6 +356,7 @@ class Lane:
         """Queue several handles atomically (one deque.extend), so that they are negotiated together."""
         if self._abort is not None:
             raise self._abort
+        self._claim_names(hs)
         for h in hs:
             h.lane = self
         self._queue.extend(hs)
@@ -326,6 +371,8 @@ class Lane:
     def run(self, h: Handle) -> Any:
         """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
         h.lane = self
+        if not h.unnamed:
+            self._claim_names([h])
         h.t_submit = _perf()
         lock = self._lock
         lock.acquire()
@@ -701,6 +748,8 @@ class Lane:
                         del waiting[h.name]
         if g & NEED_FULL:
             ready.extend(self._full_round(joined))
+        if g & SOME_JOINED and ready:
+            ready = self._refuse_after_join(ready)
         if not ready:
             return
         for h in ready:
@@ -799,6 +848,21 @@ class Lane:
         for h in list(self._waiting.values()):
             self._finish(h, err)
         self._waiting.clear()
+
+    def _refuse_after_join(self, ready: list[Handle]) -> list[Handle]:
+        """While a rank has joined, only allreduces (and barriers) can run: a joined rank can add neutral
+        values to a sum but has no rows to gather, no slice to reduce and no value to broadcast. As in Horovod,
+        the others' allgather, broadcast, alltoall and reducescatter fail (on every member the same: ``g`` is
+        agreed) and nothing runs for them."""
+        keep = []
+        for h in ready:
+            if h.kind in (K.ALLREDUCE, K.BARRIER):
+                keep.append(h)
+            elif not h.dummy:
+                self._finish(h, HpcvodInputError(
+                    f"{K.KIND_NAMES.get(h.kind, 'collective')} {h.name!r}: not supported while a rank has joined "
+                    f"(only allreduce is, as in Horovod); with DistributedOptimizer use sparse_as_dense=True"))
+        return keep
 
     def _complete_join(self, fresh: bool) -> None:
         """Every rank has joined: agree on the last one to join and release join() everywhere."""
@@ -972,14 +1036,14 @@ class Lane:
         comm = self.comm
         if out is a:
             if h.prescale != 1.0:
-                np.multiply(out, h.prescale, out=out, casting="unsafe")
+                scale_into(out, h.prescale, out)
             t1 = _perf() if tl is not None else 0.0
             self._allreduce_in_place(out, h)
         else:
             if out is None:
                 out = np.empty_like(a) if a.nbytes < POOL_MIN_BYTES else _results.empty(a.shape, a.dtype)
             if h.prescale != 1.0 or self._hierarchical:
-                np.multiply(a, h.prescale, out=out, casting="unsafe")
+                scale_into(a, h.prescale, out)
                 t1 = _perf() if tl is not None else 0.0
                 self._allreduce_in_place(out, h)
             else:
@@ -988,7 +1052,7 @@ class Lane:
                 t1 = _perf() if tl is not None else 0.0
                 comm.Allreduce([a, h.mpi_type], [out, h.mpi_type], h.mpi_op)
         if h.postscale != 1.0:
-            np.multiply(out, h.postscale, out=out, casting="unsafe")
+            scale_into(out, h.postscale, out)
         h.result = out
         h.done = True
         if tl is not None:
@@ -1032,11 +1096,11 @@ class Lane:
                 else np.empty(nbytes // dtype.itemsize, dtype)
         np.concatenate([h.tensor for h in group], axis=None, out=flat)
         if first.prescale != 1.0:
-            np.multiply(flat, first.prescale, out=flat, casting="unsafe")
+            scale_into(flat, first.prescale, flat)
         t1 = _perf()
         self._allreduce_in_place(flat, first)
         if first.postscale != 1.0:
-            np.multiply(flat, first.postscale, out=flat, casting="unsafe")
+            scale_into(flat, first.postscale, flat)
         t2 = _perf()
         offset = 0
         if all_in_place:
@@ -1166,12 +1230,16 @@ class Lane:
         base, extra = divmod(a.shape[0] if a.ndim else 1, self.size)
         rows = np.array([base + (1 if r < extra else 0) for r in range(self.size)], np.int64)
         per_row = int(np.prod(a.shape[1:], dtype=np.int64))
-        send = a if h.prescale == 1.0 else np.multiply(a, h.prescale).astype(a.dtype, copy=False)
+        if h.prescale == 1.0:
+            send = a
+        else:
+            send = np.empty_like(a)
+            scale_into(a, h.prescale, send)
         out = np.empty((int(rows[self.rank]),) + a.shape[1:], a.dtype)
         t = h.mpi_type
         self.comm.Reduce_scatter([send, t], [out, t], (rows * per_row).tolist(), h.mpi_op)
         if h.postscale != 1.0:
-            np.multiply(out, h.postscale, out=out, casting="unsafe")
+            scale_into(out, h.postscale, out)
         h.result = out
 
 

@@ -68,6 +68,17 @@ def _fill(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     return skeleton
 
 
+def _zero_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+    """What Horovod leaves behind when an optimizer has no state yet: a zero gradient on every trainable
+    parameter that has none (sparse for SparseAdam), which code after the broadcast may read. Horovod then runs
+    a dummy ``step()`` to create the state; hpcvod does not (it would move parameters by weight decay)."""
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p).to_sparse() if sparse else torch.zeros_like(p)
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               process_set: Any = rt.global_process_set) -> None:
     """Gives every rank ``root_rank``'s optimizer state and hyper-parameters (learning rates, momenta...).
@@ -75,6 +86,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     The state dict's structure travels as one pickled object and its tensors by in-place broadcasts, so a fresh
     optimizer (empty state) on the other ranks receives a restored one's state without a dummy step.
     """
+    if not optimizer.state_dict()["state"]:
+        _zero_missing_grads(optimizer)
     is_root = rt.rank() == root_rank  # root_rank is a global rank, also in a process set
     tensors: list[torch.Tensor] = []
     skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None

@@ -195,7 +195,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
-                           process_set: Any = global_process_set) -> int:
+                           process_set: Any = global_process_set) -> "_SparseHandle":
     """Allreduce of a sparse COO tensor as allgathers of its indices and values (Horovod's sparse path)."""
     if op not in (rt.Average, rt.Sum):
         raise ValueError(f"sparse allreduce supports op Average or Sum, got {op}")
@@ -215,7 +215,15 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
             all_values = all_values / set_rank_size(process_set)[1]
         return torch.sparse_coo_tensor(all_indices, all_values, t.size(), dtype=t.dtype, check_invariants=False)
 
-    return _handles.add(handles, finish, keepalive=(t, indices, values, staged))
+    return _SparseHandle(_handles.add(handles, finish, keepalive=(t, indices, values, staged)))
+
+
+class _SparseHandle(int):
+    """Horovod's ``sparse_allreduce_async`` returns a function that waits and returns the result; this handle is
+    that function and also an ordinary handle for ``poll`` and ``synchronize``."""
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
 
 
 # ---------------------------------------------------------------------------------------------- allgather
@@ -240,8 +248,10 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        summed = _allreduce(grad_output, None, rt.Sum, 1.0, 1.0, ctx.process_set)
-        return _own_rows(summed, ctx.first_dim, ctx.process_set), None, None
+        # Horovod's convention for the gradients of collectives: the *average* over ranks of the incoming
+        # gradients (the loss is taken as the mean of the ranks' losses), then this rank's rows.
+        averaged = _allreduce(grad_output, None, rt.Average, 1.0, 1.0, ctx.process_set)
+        return _own_rows(averaged, ctx.first_dim, ctx.process_set), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
@@ -256,11 +266,28 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     return _handles.add(handle, lambda out: _to_torch(out, tensor), keepalive=array)
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
-                      process_set: Any = global_process_set) -> list[torch.Tensor]:
+def _grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None, process_set: Any) -> list[torch.Tensor]:
     arrays = [_as_numpy(t)[0] for t in tensors]
     outs = rt.grouped_allgather(arrays, name=name, process_set=process_set)
     return [_to_torch(o, t) for o, t in zip(outs, tensors)]
+
+
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.first_dims, ctx.process_set = [t.shape[0] if t.dim() else 1 for t in tensors], process_set
+        return tuple(_grouped_allgather(tensors, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        averaged = _grouped_allreduce(grads, None, rt.Average, 1.0, 1.0, ctx.process_set)
+        return (None, None, *[_own_rows(g, d, ctx.process_set) for g, d in zip(averaged, ctx.first_dims)])
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: Any = global_process_set) -> list[torch.Tensor]:
+    """Allgathers a list of tensors as one operation; returns new tensors (differentiable)."""
+    return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -284,8 +311,9 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        # Every rank's output is the root's input: only the root's input gets the (summed) gradient.
-        grad = _allreduce(grad_output, None, rt.Sum, 1.0, 1.0, ctx.process_set)
+        # Every rank's output is the root's input: only the root's input gets a gradient, the average over
+        # ranks of theirs (Horovod's convention, see _AllgatherFunction).
+        grad = _allreduce(grad_output, None, rt.Average, 1.0, 1.0, ctx.process_set)
         if rt.rank() != ctx.root_rank:
             grad = torch.zeros_like(grad)
         return grad, None, None, None
@@ -331,6 +359,11 @@ def _splits_array(splits: Any) -> np.ndarray | None:
 def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
               process_set: Any) -> tuple[torch.Tensor, torch.Tensor]:
     array, _ = _as_numpy(tensor)
+    size = set_rank_size(process_set)[1]
+    if splits is None and array.ndim and array.shape[0] % size == 0:
+        # Equal splits, spelled out: the runtime then reports what each rank sent here (the ranks' first
+        # dimensions may differ), which the backward pass sends back. (Indivisible: the runtime refuses.)
+        splits = [array.shape[0] // size] * size
     result = rt.alltoall(array, splits=_splits_array(splits), name=name, process_set=process_set)
     return _alltoall_result(result, tensor, process_set)
 
@@ -394,18 +427,30 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, prescale_factor: float,
                 postscale_factor: float, process_set: Any) -> torch.Tensor:
-        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
+        ctx.op, ctx.scale, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
         return _reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        # Rank r's output is (a scaled) sum over ranks of everyone's slice r: every input gets all slices' grads.
-        if ctx.op not in (rt.Average, rt.Sum):
-            raise NotImplementedError(f"reducescatter with op={ctx.op} has no gradient")
-        grad = _allgather(grad_output.contiguous(), None, ctx.process_set) * ctx.scale
-        if ctx.op == rt.Average:
-            grad = grad / set_rank_size(ctx.process_set)[1]
-        return grad, None, None, None, None, None
+        grad = _reducescatter_grad_scale(grad_output, ctx)
+        return _allgather(grad, None, ctx.process_set), None, None, None, None, None
+
+
+def _reducescatter_grad_scale(grad: torch.Tensor, ctx: Any) -> torch.Tensor:
+    """Horovod's gradient of reducescatter before the allgather: Sum multiplies by the set size, Average by 1
+    (the loss taken as the mean of the ranks' losses), then by the prescale and postscale factors, in that order
+    (so float values match Horovod's exactly)."""
+    if ctx.op not in (rt.Average, rt.Sum):
+        raise NotImplementedError(f"reducescatter with op={ctx.op} has no gradient")
+    grad = grad.contiguous()
+    if ctx.op == rt.Sum:
+        grad = grad * set_rank_size(ctx.process_set)[1]
+    pre, post = ctx.scale
+    if pre != 1.0:
+        grad = grad * pre
+    if post != 1.0:
+        grad = grad * post
+    return grad
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none,
@@ -428,16 +473,31 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     return _handles.add(handle, lambda out: _to_torch(out, tensor), keepalive=array)
 
 
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: Any, prescale_factor: float, postscale_factor: float,
+                process_set: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.scale, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        arrays = [_as_numpy(t)[0] for t in tensors]
+        outs = rt.grouped_reducescatter(arrays, name=name, op=op, prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor, process_set=process_set)
+        return tuple(_to_torch(o, t) for o, t in zip(outs, tensors))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        scaled = [_reducescatter_grad_scale(g, ctx) for g in grads]
+        return (None, None, None, None, None, *_grouped_allgather(scaled, None, ctx.process_set))
+
+
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
                           compression: type[Compressor] = Compression.none, op: Any = None,
                           process_set: Any = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatters a list of tensors as one operation; returns new tensors (differentiable)."""
     compressed = [compression.compress(t) for t in tensors]
-    arrays = [_as_numpy(c)[0] for c, _ in compressed]
-    outs = rt.grouped_reducescatter(arrays, name=name, op=rt.Average if op is None else op,
-                                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                    process_set=process_set)
-    return [compression.decompress(_to_torch(o, c), ctx) for o, (c, ctx) in zip(outs, compressed)]
+    outs = _GroupedReducescatterFunction.apply(name, rt.Average if op is None else op, prescale_factor,
+                                               postscale_factor, process_set, *[c for c, _ in compressed])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
 # ---------------------------------------------------------------------------------------------- handles, control

@@ -50,8 +50,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if unnamed:
                 raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) are not "
                                  f"in it (positions {unnamed[:10]} in the param groups)")
+            # Horovod's attribute, read by Horovod code and tests: parameter -> its name
+            self._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
         else:
             names = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
+            # Horovod's names for unnamed parameters count within each parameter group
+            self._parameter_names = {p: f"allreduce.noname.{i}" for group in self.param_groups
+                                     for i, p in enumerate(group["params"])}
 
         self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
         self._hvd_compression = compression

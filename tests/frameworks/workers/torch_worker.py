@@ -169,21 +169,23 @@ def autograd_through_collectives():
     x = rank_data(RANK, (5,)).requires_grad_()
     (hvd.allreduce(x, name="g.ar") * weights[RANK]).sum().backward()
     close(x.grad, sum(weights) / SIZE)
-    # allgather: each rank's rows get the sum over ranks of the gradient at those rows
+    # Horovod's convention (tests/frameworks/test_torch_fidelity.py has the full set): the gradients of allgather
+    # and broadcast are the *average* over ranks of the upstream gradients; reducescatter(Sum)'s is size times it.
+    # allgather: each rank's rows get the average over ranks of the gradient at those rows
     x = rank_data(RANK, (RANK + 1, 2)).requires_grad_()
     coeff = [rank_data(r + 70, (sum(k + 1 for k in range(SIZE)), 2)) for r in range(SIZE)]
     (hvd.allgather(x, name="g.ag") * coeff[RANK]).sum().backward()
     offset = sum(k + 1 for k in range(RANK))
-    close(x.grad, sum(coeff)[offset:offset + RANK + 1])
-    # broadcast: only the root's input receives the summed gradient
+    close(x.grad, (sum(coeff) / SIZE)[offset:offset + RANK + 1])
+    # broadcast: only the root's input receives the averaged gradient
     x = rank_data(RANK, (5,)).requires_grad_()
     (hvd.broadcast(x, root_rank=0, name="g.bc") * weights[RANK]).sum().backward()
-    close(x.grad, sum(weights) if RANK == 0 else torch.zeros(5))
-    # reducescatter(Sum): every input row gets the gradient of the rank that owns that slice
+    close(x.grad, sum(weights) / SIZE if RANK == 0 else torch.zeros(5))
+    # reducescatter(Sum): every input row gets size x the gradient of the rank that owns that slice
     x = rank_data(RANK, (2 * SIZE, 2)).requires_grad_()
     coeff = [rank_data(r + 90, (2, 2)) for r in range(SIZE)]
     (hvd.reducescatter(x, op=hvd.Sum, name="g.rs") * coeff[RANK]).sum().backward()
-    close(x.grad, torch.cat(coeff))
+    close(x.grad, torch.cat(coeff) * SIZE)
     # alltoall: gradients travel back to the rows' senders
     x = rank_data(RANK, (SIZE, 3)).requires_grad_()
     coeff = [rank_data(r + 110, (SIZE, 3)) for r in range(SIZE)]
