@@ -26,6 +26,7 @@ CHECKS = [
     "prescale_matches_horovod_exactly",
     "postscale_matches_horovod_exactly",
     "reducescatter_scaling_matches_horovod_exactly",
+    "grouped_reducescatter_async_returns_the_list",
     "duplicate_names_in_flight_raise",
     "duplicate_name_of_a_grouped_member_raises",
     "join_refuses_allgather_and_broadcast_on_the_other_ranks",

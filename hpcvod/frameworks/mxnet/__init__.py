@@ -17,7 +17,7 @@ from hpcvod.frameworks.mxnet.functions import (  # noqa: E402
 )
 from hpcvod.frameworks.mxnet.mpi_ops import (  # noqa: E402
     allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
-    grouped_allreduce, grouped_allreduce_, join, reducescatter,
+    grouped_allreduce, grouped_allreduce_, grouped_reducescatter, join, reducescatter,
 )
 from hpcvod.frameworks.mxnet.optimizer import DistributedOptimizer, DistributedTrainer  # noqa: E402
 

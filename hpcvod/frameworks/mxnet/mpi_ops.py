@@ -142,6 +142,16 @@ def reducescatter(tensor: mx.nd.NDArray, op: Any = None, name: str | None = None
     return _nd(out, tensor)
 
 
+def grouped_reducescatter(tensors: Sequence[mx.nd.NDArray], op: Any = None, name: str | None = None,
+                          priority: int = 0, process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[mx.nd.NDArray]:
+    """Reducescatters a list of NDArrays as one operation; returns this rank's block of each."""
+    outs = rt.grouped_reducescatter([_view(t, writable=False)[0] for t in tensors], name=name,
+                                    op=rt.Average if op is None else op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, process_set=process_set)
+    return [_nd(o, t) for o, t in zip(outs, tensors)]
+
+
 def join() -> int:
     return rt.join()
 

@@ -16,7 +16,7 @@ from hpcvod.frameworks.torch.mpi_ops import (  # noqa: E402
     allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async,
     barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
     grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
-    join, poll, reducescatter, reducescatter_async, sparse_allreduce_async, synchronize,
+    grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async, sparse_allreduce_async, synchronize,
 )
 from hpcvod.frameworks.torch.optimizer import DistributedOptimizer  # noqa: E402
 from hpcvod.frameworks.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402

@@ -500,6 +500,17 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op: Any = None,
+                                process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Starts reducescatters of a list of tensors as one operation; ``synchronize(handle)`` returns the list."""
+    arrays = [_as_numpy(t)[0] for t in tensors]
+    handle = rt.grouped_reducescatter_async(arrays, name=name, op=rt.Average if op is None else op,
+                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                            process_set=process_set)
+    return _handles.add(handle, lambda outs: [_to_torch(o, t) for o, t in zip(outs, tensors)], keepalive=arrays)
+
+
 # ---------------------------------------------------------------------------------------------- handles, control
 def poll(handle: int) -> bool:
     """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""

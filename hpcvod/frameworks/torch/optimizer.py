@@ -70,6 +70,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_bucket_of = {p: b for b, bucket in enumerate(self._hvd_buckets) for p in bucket}
         self._hvd_ready_count = [0] * len(self._hvd_buckets)
         self._hvd_marked: set[torch.Tensor] = set()       # parameters whose gradient is final for this step
+        self._hvd_densified: set[torch.Tensor] = set()    # sparse gradients reduced dense (sparse_as_dense)
         self._hvd_inflight: dict[int, list[tuple[int, Any, str]]] = {}  # bucket -> its started reductions
         self._hvd_hooks: list[Any] = []
         self._hvd_synchronized = False
@@ -143,6 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     started.append((handle, p, "sparse"))
                     continue
                 p.grad = p.grad.to_dense()
+                self._hvd_densified.add(p)
             compressed, ctx = self._hvd_compression.compress(p.grad)
             dense.append(compressed)
             entries.append((p, compressed, ctx))
@@ -172,6 +174,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if compressed is not p.grad:
                         with torch.no_grad():
                             p.grad.copy_(self._hvd_compression.decompress(compressed, ctx))
+        for p in self._hvd_densified:
+            p.grad = p.grad.to_sparse()   # as Horovod: reduced dense, applied sparse (SparseAdam needs that)
+        self._hvd_densified.clear()
         self._hvd_inflight.clear()
         self._hvd_marked.clear()
         self._hvd_ready_count = [0] * len(self._hvd_buckets)

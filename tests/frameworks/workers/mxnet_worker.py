@@ -77,6 +77,10 @@ def ops_in_place_zero_copy_and_others():
     close(out, np.concatenate([np.full((RANK + 1, 2), 10.0 * r + RANK) for r in range(SIZE)]))
     rs = hvd.reducescatter(mx.nd.array(rank_data(RANK, (2 * SIZE, 3))), op=hvd.Sum)
     close(rs, sum(rank_data(r, (2 * SIZE, 3)) for r in range(SIZE))[2 * RANK:2 * RANK + 2])
+    grs = hvd.grouped_reducescatter([mx.nd.array(rank_data(RANK, (2 * SIZE, 3))),
+                                     mx.nd.array(rank_data(RANK + 5, (SIZE,)))], op=hvd.Sum)
+    close(grs[0], rs.asnumpy())
+    close(grs[1], sum(rank_data(r + 5, (SIZE,)) for r in range(SIZE))[RANK:RANK + 1])
     grouped = [mx.nd.array(rank_data(RANK, (3,))), mx.nd.array(rank_data(RANK + 9, (2, 2)))]
     hvd.grouped_allreduce_(grouped)
     close(grouped[1], np.mean([rank_data(r + 9, (2, 2)) for r in range(SIZE)], 0))

@@ -201,6 +201,15 @@ def reducescatter_scaling_matches_horovod_exactly():
             same(out, _factor_math((t[mine].float() * SIZE).to(dtype), FACTOR), f"grouped postscale {dtype}")
 
 
+@check
+def grouped_reducescatter_async_returns_the_list():
+    ts = [torch.full((2 * SIZE, 2), float(RANK + 1)), torch.arange(SIZE, dtype=torch.float64)]
+    outs = hvd.synchronize(hvd.grouped_reducescatter_async(ts, op=hvd.Sum, name="fid.grs.async"))
+    total = SIZE * (SIZE + 1) / 2
+    same(outs[0], torch.full((2, 2), total), "first tensor's block")
+    same(outs[1], torch.tensor([float(RANK * SIZE)], dtype=torch.float64), "second tensor's block")
+
+
 # ------------------------------------------------------------------------------------ duplicate names
 def _duplicate_raises(start, what: str, again=None) -> None:
     """Horovod's test_horovod_*_duplicate_name_error, deterministic: rank d submits twice while the others wait
@@ -291,21 +300,32 @@ def sparse_allreduce_async_returns_a_callable_handle():
 
 @check
 def sparse_embedding_trains_with_sparse_adam():
-    torch.manual_seed(0)
-    emb = torch.nn.Embedding(10, 4, sparse=True)
-    hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1),
-                                   named_parameters=emb.named_parameters(), sparse_as_dense=False)
-    before = emb.weight.detach().clone()
-    for step in range(3):
+    # Horovod's test_sparse_embeddings (ranks look up different rows), with values: the reduced gradient is the
+    # average of the ranks' gradients, kept sparse for SparseAdam also with sparse_as_dense=True (Horovod converts
+    # it back after the dense allreduce).
+    inputs = [torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]]) if r == 0 else torch.tensor([[1, 3, 4], [4, 7, 9]])
+              for r in range(SIZE)]
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                       sparse_as_dense=sparse_as_dense)
+        before = emb.weight.detach().clone()
         opt.zero_grad()
-        emb(torch.tensor([RANK % 10, (RANK + step) % 10])).sum().backward()
-        assert emb.weight.grad.is_sparse
-        opt.step()
-    assert not torch.equal(before, emb.weight.detach()), "training moved the embedding"
-    everyone = hvd.allgather(emb.weight.detach().unsqueeze(0), name="fid.sparse.weights")
-    for r in range(SIZE):
-        same(everyone[r], everyone[0], f"rank {r}'s embedding equals rank 0's")
+        emb(inputs[RANK]).sum().backward()
+        opt.synchronize()
+        grad = emb.weight.grad
+        assert grad.is_sparse, f"sparse_as_dense={sparse_as_dense}: the reduced gradient is sparse"
+        expected = torch.zeros(10, 3)
+        for r in range(SIZE):
+            expected.index_add_(0, inputs[r].flatten(), torch.ones(inputs[r].numel(), 3))
+        same(grad.to_dense(), expected / SIZE, f"sparse_as_dense={sparse_as_dense}: averaged gradient")
+        with opt.skip_synchronize():
+            opt.step()
+        assert not torch.equal(before, emb.weight.detach()), "the step moved the embedding"
+        everyone = hvd.allgather(emb.weight.detach().unsqueeze(0), name=f"fid.sparse.weights.{sparse_as_dense}")
+        for r in range(SIZE):
+            same(everyone[r], everyone[0], f"rank {r}'s embedding equals rank 0's")
 
 
 # ------------------------------------------------------------------------------------ optimizer state
