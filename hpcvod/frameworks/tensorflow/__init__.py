@@ -34,9 +34,14 @@ def DistributedOptimizer(optimizer: _Any, *args: _Any, **kwargs: _Any) -> _Any:
 
 
 def __getattr__(name: str) -> _Any:
-    """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI)."""
+    """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI);
+    ``SyncBatchNormalization`` imports Keras, so it too comes on first use."""
+    if name == "SyncBatchNormalization":
+        from hpcvod.frameworks.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
     return _lazy_runtime_attribute(__name__, name)
 
 
+# (not SyncBatchNormalization: a star import would fetch it, and so import Keras, at once)
 __all__ = sorted(k for k, v in globals().items()
                  if not k.startswith("_") and not isinstance(v, _ModuleType) and k != "annotations")

@@ -82,8 +82,9 @@ class GradientReducer:
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
-                    out[i] = mpi_ops.allreduce(g, op=self.op, prescale_factor=self.prescale,
-                                               postscale_factor=self.postscale, process_set=self.process_set)
+                    # prescale * postscale is 1 here (an Average split around gradient_predivide_factor); Horovod
+                    # refuses pre/postscale with IndexedSlices, so leave them out.
+                    out[i] = mpi_ops.allreduce(g, op=self.op, process_set=self.process_set)
                     continue
                 g = tf.convert_to_tensor(g)
             dense_positions.append(i)

@@ -11,6 +11,9 @@ XLA cannot compile Python ops: compile Keras models with ``jit_compile=False`` (
 
 from __future__ import annotations
 
+import re
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import hpcvod.runtime as rt
+from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError
 from hpcvod.frameworks._common import (
     aligned_empty, is_aligned, numpy_view_of_capsule, pack_aligned, resolve_op, set_rank_size,
 )
@@ -26,6 +30,11 @@ from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
 global_process_set = rt.global_process_set
 # AutoGraph must not rewrite hpcvod's Python (it would trace into the runtime): run it as written.
 _not_converted = tf.autograph.experimental.do_not_convert
+
+try:
+    from tensorflow.python.framework.func_graph import FuncGraph as _FuncGraph
+except ImportError:  # private module moved: treat every graph as a TF1 graph (chained; still correct)
+    _FuncGraph = ()
 
 # dtypes NumPy cannot reduce natively travel as float32
 _WIDENED = {tf.bfloat16: tf.float32}
@@ -72,17 +81,116 @@ def _in_xla_context() -> bool:
         return False
 
 
-def _run(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType]) -> list[tf.Tensor]:
-    """Runs ``eager_fn`` now (eager mode) or as a ``tf.py_function`` node (inside a graph)."""
+class MismatchError(tf.errors.FailedPreconditionError, HpcvodMismatchError):
+    """Ranks submitted the same collective with different shapes, dtypes, ops or roots: Horovod's
+    ``tf.errors.FailedPreconditionError``, still an ``HpcvodMismatchError`` for hpcvod's own handlers."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class InputError(tf.errors.InvalidArgumentError, HpcvodInputError):
+    """A collective's argument is invalid on this rank: ``tf.errors.InvalidArgumentError`` (what TensorFlow code
+    expects from an op), still an ``HpcvodInputError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _as_tf_error(exc: BaseException) -> BaseException:
+    """The ``tf.errors`` class Horovod raises for a runtime error (the error itself where there is none)."""
+    if isinstance(exc, tf.errors.OpError):
+        return exc
+    if isinstance(exc, HpcvodMismatchError):
+        return MismatchError(str(exc))
+    if isinstance(exc, HpcvodInputError):
+        return InputError(str(exc))
+    return exc
+
+
+def _call_mapped(eager_fn: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
+    try:
+        outs = eager_fn(*args)
+    except (HpcvodMismatchError, HpcvodInputError) as exc:
+        mapped = _as_tf_error(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _failed_precondition(label: str) -> tf.Tensor:
+    """An op that fails with ``tf.errors.FailedPreconditionError`` when it runs. A ``py_function`` can raise only
+    Unknown/InvalidArgument/Unimplemented... errors; Horovod's graph ops raise FailedPrecondition for a mismatch,
+    and reading a variable nobody created is TensorFlow's own FailedPrecondition (its name carries the message)."""
+    handle = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name=(
+        f"hpcvod: collective {label} differs across ranks (shape, dtype, op or root); each rank printed the "
+        f"details to stderr"))
+    return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32, name="hpcvod_collective_mismatch")
+
+
+# The last hpcvod op built in each TF1-style graph, and whether it has run yet (see _graph_op).
+_last_op: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType], label: str) -> list[Any]:
+    """``eager_fn`` as a ``tf.py_function`` node whose mismatch errors surface as FailedPreconditionError.
+
+    In a ``tf.function`` the automatic control dependencies run stateful ops in program order, the same on every
+    rank. A TF1 graph (``tf.compat.v1``, sessions) has none: its executor runs independent ops in any order, a
+    different one on each rank, and each op blocks an executor thread until its partners come, so with more
+    independent collectives than threads the ranks wait on different ones. There each hpcvod op waits for the
+    previous one built in the graph (Horovod's graph ops need no such chain: they are asynchronous kernels),
+    unless that one has already run: a graph built and run piece by piece does not re-run earlier collectives.
+    """
+    ran = [False]
+
+    def body(*args: Any) -> list[Any]:
+        ran[0] = True
+        try:
+            outs = _call_mapped(eager_fn, args)
+        except MismatchError as exc:
+            print(f"hpcvod rank {rt.rank()}: {exc.message}", file=sys.stderr, flush=True)
+            return [tf.zeros([], d) for d in out_dtypes] + [tf.constant(1)]
+        return outs + [tf.constant(0)]
+
+    graph = tf.compat.v1.get_default_graph()
+    chained = not isinstance(graph, _FuncGraph)
+    previous, previous_ran = _last_op.get(graph, (None, [True]))
+    with tf.control_dependencies([previous] if chained and not previous_ran[0] else []):
+        outs = tf.py_function(body, inputs, list(out_dtypes) + [tf.int32])
+    status = outs[-1]
+    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _failed_precondition(label))
+    with tf.control_dependencies([check]):
+        results = [tf.identity(o) for o in outs[:-1]]
+    if chained:
+        _last_op[graph] = (check.op, ran)
+    return results
+
+
+def _run(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType],
+         label: str | None = None) -> list[tf.Tensor]:
+    """Runs ``eager_fn`` now (eager mode) or as a graph node (inside ``tf.function`` or a TF1 graph), with the
+    runtime's errors as the ``tf.errors`` classes Horovod raises."""
     if tf.executing_eagerly():
-        outs = eager_fn(*inputs)
-        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return _call_mapped(eager_fn, inputs)
     if _in_xla_context():
         raise RuntimeError("hpcvod collectives cannot run inside an XLA-compiled function: use "
                            "jit_compile=False (model.compile(..., jit_compile=False) or tf.function without "
                            "jit_compile)")
-    outs = tf.py_function(eager_fn, inputs, out_dtypes)
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    return _graph_op(eager_fn, inputs, out_dtypes, "(unnamed)" if label is None else repr(label))
+
+
+def _graph_name(kind: str, tensors: Sequence[Any], name: str | None) -> str | None:
+    """Horovod's name for an unnamed op in a TF1 graph: the kind and its input tensors' graph names (made unique
+    in the graph), so that ranks pair the same ops whatever order they run them in. Eager ops and ops in a
+    ``tf.function`` (run in program order) keep the runtime's automatic names, which pair by position: tensor
+    names there come from Python-side counters (Keras layer names) that need not agree across ranks."""
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    if name is not None or graph is None or isinstance(graph, _FuncGraph):
+        return name
+    base = f"Horovod{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", "_".join(t.name for t in tensors))
+    return graph.unique_name(base, mark_as_used=True)
 
 
 def _widen(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
@@ -145,10 +253,15 @@ def _eager_reducescatter(t: tf.Tensor, name: str | None, op: Any, pre: float, po
 
 
 # ---------------------------------------------------------------------------------------------- differentiable ops
+# Gradients as Horovod defines them (horovod/tensorflow/mpi_ops.py): allreduce -> the same allreduce of the
+# gradient; allgather -> the Average allreduce of the gradient, cut to this rank's rows; broadcast -> the Average
+# allreduce of the gradient on the root, zeros elsewhere; alltoall -> alltoall back with the received splits;
+# reducescatter -> allgather of the gradient times size for Sum (times 1 for Average), times pre- and postscale.
 def _reduce_dense(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        y = _run(lambda t: _eager_allreduce(t, name, op, pre, post, ps), [x], [x.dtype])[0]
+        label = _graph_name("Allreduce", [x], name)
+        y = _run(lambda t: _eager_allreduce(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
         y.set_shape(x.shape)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
@@ -165,8 +278,9 @@ def _reduce_grouped(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre
                     ps: Any) -> list[tf.Tensor]:
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
-        ys = _run(lambda *ts: _eager_grouped_allreduce(ts, name, op, pre, post, ps), list(xs),
-                  [x.dtype for x in xs])
+        label = _graph_name("GroupedAllreduce", [xs[0], xs[-1]], name)
+        ys = _run(lambda *ts: _eager_grouped_allreduce(ts, label, op, pre, post, ps), list(xs),
+                  [x.dtype for x in xs], label)
         for y, x in zip(ys, xs):
             y.set_shape(x.shape)
 
@@ -184,16 +298,16 @@ def _reduce_grouped(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre
 def _gather(tensor: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        y = _run(lambda t: _eager_allgather(t, name, ps), [x], [x.dtype])[0]
+        label = _graph_name("Allgather", [x], name)
+        y = _run(lambda t: _eager_allgather(t, label, ps), [x], [x.dtype], label)[0]
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            # The summed gradient, cut to this rank's rows (every rank's first dimension comes from an allgather).
-            summed = _reduce_dense(dy, None, rt.Sum, 1.0, 1.0, ps)
+            averaged = _reduce_dense(dy, None, rt.Average, 1.0, 1.0, ps)
             dims = _gather(tf.shape(x, out_type=tf.int64)[:1], None, ps)
             my_rank = set_rank_size(ps)[0]
             offset = tf.reduce_sum(dims[:my_rank])
-            return summed[offset:offset + dims[my_rank]]
+            return averaged[offset:offset + dims[my_rank]]
         return y, grad
 
     wide, dtype = _widen(tf.convert_to_tensor(tensor))
@@ -203,12 +317,13 @@ def _gather(tensor: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
 def _bcast(tensor: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        y = _run(lambda t: _eager_broadcast(t, root_rank, name, ps), [x], [x.dtype])[0]
+        label = _graph_name("Broadcast", [x], name)
+        y = _run(lambda t: _eager_broadcast(t, root_rank, label, ps), [x], [x.dtype], label)[0]
         y.set_shape(x.shape)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            summed = _reduce_dense(dy, None, rt.Sum, 1.0, 1.0, ps)
-            return summed if rt.rank() == root_rank else tf.zeros_like(summed)
+            averaged = _reduce_dense(dy, None, rt.Average, 1.0, 1.0, ps)
+            return averaged if rt.rank() == root_rank else averaged * 0
         return y, grad
 
     wide, dtype = _widen(tf.convert_to_tensor(tensor))
@@ -218,9 +333,10 @@ def _bcast(tensor: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.T
 def _exchange(tensor: tf.Tensor, splits: Any, name: str | None, ps: Any) -> tuple[tf.Tensor, tf.Tensor]:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
+        label = _graph_name("Alltoall", [x], name)
         inputs = [x] if splits is None else [x, tf.cast(splits, tf.int32)]
-        y, received = _run(lambda t, *s: _eager_alltoall(t, s[0] if s else None, name, ps), inputs,
-                           [x.dtype, tf.int32])
+        y, received = _run(lambda t, *s: _eager_alltoall(t, s[0] if s else None, label, ps), inputs,
+                           [x.dtype, tf.int32], label)
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([set_rank_size(ps)[1]])
 
@@ -236,18 +352,37 @@ def _exchange(tensor: tf.Tensor, splits: Any, name: str | None, ps: Any) -> tupl
 def _scatter(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        y = _run(lambda t: _eager_reducescatter(t, name, op, pre, post, ps), [x], [x.dtype])[0]
+        label = _graph_name("Reducescatter", [x], name)
+        y = _run(lambda t: _eager_reducescatter(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             if op not in (rt.Average, rt.Sum):
                 raise NotImplementedError(f"reducescatter with op={op} has no gradient")
-            scale = pre * post / (set_rank_size(ps)[1] if op == rt.Average else 1)
-            return _gather(dy, None, ps) * tf.cast(scale, dy.dtype)
+            scale = pre * post * (set_rank_size(ps)[1] if op == rt.Sum else 1)
+            return _gather(dy * tf.cast(scale, dy.dtype), None, ps)
         return y, grad
 
     wide, dtype = _widen(tf.convert_to_tensor(tensor))
     return _narrow(forward(wide), dtype)
+
+
+def _reduce_sparse(slices: Sequence[tf.IndexedSlices], op: Any, pre: float, post: float, ps: Any,
+                   names: Sequence[str] | None) -> list[tf.IndexedSlices]:
+    """Horovod's sparse allreduce: ``tf.IndexedSlices`` by allgathering values and indices (values divided by
+    the set size for Average); ``dense_shape`` kept as given, also when it is None."""
+    if op not in (rt.Average, rt.Sum):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    out = []
+    for i, s in enumerate(slices):
+        values = _gather(s.values, None if names is None else f"{names[i]}.values", ps)
+        indices = _gather(s.indices, None if names is None else f"{names[i]}.indices", ps)
+        if op == rt.Average:
+            values = values / tf.cast(set_rank_size(ps)[1], values.dtype)
+        out.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- public ops
@@ -260,14 +395,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     by allgathering its values and indices (divided by the set size for ``Average``)."""
     op = resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (rt.Average, rt.Sum):
-            raise NotImplementedError(f"sparse (IndexedSlices) allreduce supports Average and Sum, not {op}")
-        values = _gather(tensor.values, None if name is None else f"{name}.values", process_set)
-        indices = _gather(tensor.indices, None if name is None else f"{name}.indices", process_set)
-        if op == rt.Average:
-            values = values / tf.cast(set_rank_size(process_set)[1], values.dtype)
-        return tf.IndexedSlices(values * tf.cast(prescale_factor * postscale_factor, values.dtype), indices,
-                                dense_shape=tensor.dense_shape)
+        return _reduce_sparse([tensor], op, prescale_factor, postscale_factor, process_set,
+                              None if name is None else [name])[0]
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     reduced = _reduce_dense(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -279,13 +408,27 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: Any = global_process_set, ignore_name_scope: bool = False,
                       name: str | None = None) -> list[Any]:
-    """Reduces a list of dense tensors as one fused operation (differentiable)."""
+    """Reduces a list of tensors as one fused operation (differentiable); ``tf.IndexedSlices`` among them are
+    reduced as in ``allreduce``."""
     op = resolve_op(average, op)
     if not tensors:
         return []
-    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    reduced = _reduce_grouped([c for c, _ in compressed], name, op, prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+    tensors = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    out: list[Any] = [None] * len(tensors)
+    if sparse:
+        names = None if name is None else [f"{name}.{i}" for i in sparse]
+        for i, r in zip(sparse, _reduce_sparse([tensors[i] for i in sparse], op, prescale_factor,
+                                               postscale_factor, process_set, names)):
+            out[i] = r
+    if dense:
+        compressed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+        reduced = _reduce_grouped([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
+                                  process_set)
+        for i, r, (_, ctx) in zip(dense, reduced, compressed):
+            out[i] = compression.decompress(r, ctx)
+    return out
 
 
 @_not_converted
@@ -312,10 +455,12 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 @_not_converted
 def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> list[tf.Tensor]:
-    """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values."""
+    """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values
+    (in a graph: read after the assignment)."""
     from hpcvod.frameworks.tensorflow.functions import broadcast_variables
-    broadcast_variables(variables, root_rank, process_set=process_set)
-    return [tf.convert_to_tensor(v) for v in variables]
+    assigned = broadcast_variables(variables, root_rank, process_set=process_set)
+    with tf.control_dependencies([] if assigned is None else [assigned]):
+        return [tf.convert_to_tensor(v.read_value() if hasattr(v, "read_value") else v) for v in variables]
 
 
 @_not_converted

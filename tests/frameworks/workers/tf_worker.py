@@ -165,15 +165,16 @@ def gradients_through_collectives_eager_and_graph():
             return tape.gradient(loss, x)
 
         close(allreduce_grad(tf.constant(rank_data(RANK, (5,)))), sum(weights) / SIZE)
-        close(broadcast_grad(tf.constant(rank_data(RANK, (5,)))), sum(weights) if RANK == 0 else np.zeros(5))
+        # Horovod's gradients (tests/frameworks/test_tensorflow_horovod_semantics.py has the closed forms)
+        close(broadcast_grad(tf.constant(rank_data(RANK, (5,)))), sum(weights) / SIZE if RANK == 0 else np.zeros(5))
         rows = sum(k + 1 for k in range(SIZE))
         coeff = [rank_data(r + 70, (rows, 2)) for r in range(SIZE)]
         offset = sum(k + 1 for k in range(RANK))
         close(allgather_grad(tf.constant(rank_data(RANK, (RANK + 1, 2))), tf.constant(coeff[RANK])),
-              sum(coeff)[offset:offset + RANK + 1])
+              sum(coeff)[offset:offset + RANK + 1] / SIZE)
         coeff = [rank_data(r + 90, (2, 2)) for r in range(SIZE)]
         close(reducescatter_grad(tf.constant(rank_data(RANK, (2 * SIZE, 2))), tf.constant(coeff[RANK])),
-              np.concatenate(coeff))
+              np.concatenate(coeff) * SIZE)
         coeff = [rank_data(r + 110, (SIZE, 3)) for r in range(SIZE)]
         close(alltoall_grad(tf.constant(rank_data(RANK, (SIZE, 3))), tf.constant(coeff[RANK])),
               np.stack([coeff[dst][RANK] for dst in range(SIZE)]))

@@ -12,6 +12,7 @@ if _os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
                       f"{_os.environ['KERAS_BACKEND']!r}; for Keras on torch use hpcvod.torch")
 
 import keras as _keras  # noqa: E402
+import tensorflow as _tf  # noqa: E402
 
 from hpcvod.frameworks._common import lazy_runtime_attribute as _lazy_runtime_attribute
 from hpcvod.frameworks._common import runtime_basics as _runtime_basics  # noqa: E402
@@ -24,17 +25,71 @@ from hpcvod.frameworks.tensorflow.functions import (  # noqa: E402,F401
 )
 from hpcvod.frameworks.tensorflow.keras import callbacks  # noqa: E402,F401
 from hpcvod.frameworks.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
-from hpcvod.frameworks.tensorflow.mpi_ops import (  # noqa: E402,F401
-    allgather, allreduce, alltoall, barrier, broadcast, grouped_allreduce, join, reducescatter,
-)
+from hpcvod.frameworks.tensorflow import mpi_ops as _ops  # noqa: E402
+from hpcvod.frameworks.tensorflow.mpi_ops import alltoall, barrier, grouped_allreduce, join  # noqa: E402,F401
+
+
+# Horovod's Keras collectives take a value (array, list, tensor) and ``name`` second, unlike horovod.tensorflow's.
+def allreduce(value: _Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: _Any = None,
+              compression: type[Compressor] = Compression.none) -> _Any:
+    """Reduces a tensor-compatible value over all ranks (default: average)."""
+    return _ops.allreduce(_tf.convert_to_tensor(value), average=average, compression=compression, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name)
+
+
+def allgather(value: _Any, name: str | None = None) -> _Any:
+    """Concatenates every rank's value along the first dimension."""
+    return _ops.allgather(_tf.convert_to_tensor(value), name=name)
+
+
+def broadcast(value: _Any, root_rank: int, name: str | None = None) -> _Any:
+    """Returns ``root_rank``'s value on every rank."""
+    return _ops.broadcast(_tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value: _Any, name: str | None = None, op: _Any = None) -> _Any:
+    """Reduces a value over all ranks (default: average) and returns this rank's part of the first dimension."""
+    return _ops.reducescatter(_tf.convert_to_tensor(value), op=op, name=name)
+
+
+def PartialDistributedOptimizer(optimizer: _Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: type[Compressor] = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: _Any = None, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: _Any = None,
+                                process_set: _Any = global_process_set, local_layers: _Any = None,
+                                scale_local_gradients: bool = True) -> _Any:
+    """A ``DistributedOptimizer`` that leaves the gradients of ``local_layers``' weights local (Horovod's
+    ``horovod.keras.PartialDistributedOptimizer``)."""
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                               gradient_predivide_factor, op, backward_passes_per_step,
+                               average_aggregated_gradients, groups=groups, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    layers = [] if local_layers is None else (
+        local_layers if isinstance(local_layers, (list, tuple)) else [local_layers])
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            opt.register_local_var(weight)
+    return opt
+
+
+def __getattr__(name: str) -> _Any:
+    """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI);
+    ``SyncBatchNormalization`` likewise (Horovod's is in ``horovod.tensorflow``; found here too)."""
+    if name == "SyncBatchNormalization":
+        from hpcvod.frameworks.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    return _lazy_runtime_attribute(__name__, name)
 
 
 def load_model(filepath: str, custom_optimizers: list[type] | None = None, custom_objects: dict | None = None,
-               compression: type[Compressor] = Compression.none, **kwargs: _Any) -> _Any:
+               compression: type[Compressor] = Compression.none, legacy_opts: bool = False, **kwargs: _Any) -> _Any:
     """``keras.models.load_model`` whose compiled optimizer (with its restored state) is made distributed.
 
     ``custom_optimizers`` are optimizer classes the file refers to (added to ``custom_objects`` by class name);
-    ``kwargs`` go to ``DistributedOptimizer``.
+    ``kwargs`` go to ``DistributedOptimizer``. ``legacy_opts`` (Keras 2's legacy optimizers) is accepted and has
+    no effect: Keras 3 has only its own optimizers.
     """
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
@@ -43,11 +98,6 @@ def load_model(filepath: str, custom_optimizers: list[type] | None = None, custo
     if getattr(model, "optimizer", None) is not None and not hasattr(model.optimizer, "_hvd"):
         DistributedOptimizer(model.optimizer, compression=compression, **kwargs)
     return model
-
-
-def __getattr__(name: str) -> _Any:
-    """``Average``, ``Sum``... come from the runtime on first use (importing them initialises MPI)."""
-    return _lazy_runtime_attribute(__name__, name)
 
 
 __all__ = sorted(k for k, v in globals().items()
