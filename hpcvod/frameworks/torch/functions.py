@@ -68,18 +68,23 @@ def _fill(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     return skeleton
 
 
-def _zero_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+def _zero_missing_grads(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> None:
     """What Horovod leaves behind when an optimizer has no state yet: a zero gradient on every trainable
-    parameter that has none (sparse for SparseAdam), which code after the broadcast may read. Horovod then runs
-    a dummy ``step()`` to create the state; hpcvod does not (it would move parameters by weight decay)."""
-    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    parameter that has none (sparse for SparseAdam, and for SGD on a ``model``'s sparse embeddings), which code
+    after the broadcast may read. Horovod then runs a dummy ``step()`` to create the state; hpcvod does not (it
+    would move parameters by weight decay)."""
+    sparse_params = {id(p) for m in (model.modules() if model is not None else ())
+                     if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and p.grad is None:
+                sparse = all_sparse or (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_params)
                 p.grad = torch.zeros_like(p).to_sparse() if sparse else torch.zeros_like(p)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
                               process_set: Any = rt.global_process_set) -> None:
     """Gives every rank ``root_rank``'s optimizer state and hyper-parameters (learning rates, momenta...).
 
@@ -87,7 +92,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     optimizer (empty state) on the other ranks receives a restored one's state without a dummy step.
     """
     if not optimizer.state_dict()["state"]:
-        _zero_missing_grads(optimizer)
+        _zero_missing_grads(optimizer, model)
     is_root = rt.rank() == root_rank  # root_rank is a global rank, also in a process set
     tensors: list[torch.Tensor] = []
     skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None

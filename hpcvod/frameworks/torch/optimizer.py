@@ -252,8 +252,8 @@ def _distributed_class(base: type) -> type:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
-                         op: Any = None, gradient_predivide_factor: float = 1.0, groups: Any = None,
-                         sparse_as_dense: bool = False,
+                         op: Any = None, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = rt.global_process_set) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over the ranks of ``process_set``.
 
@@ -266,6 +266,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     if hasattr(optimizer, "_hvd_setup"):
         raise ValueError("optimizer is already a hpcvod DistributedOptimizer")
+    if num_groups:
+        # Horovod's positional order has num_groups before groups; like Horovod, it stands for groups=N
+        warnings.warn("num_groups is deprecated (as in Horovod): use groups=N", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     cls = _distributed_class(type(optimizer))
     wrapped = cls.__new__(cls)
     # Share the optimizer's state, param groups, hooks and defaults; drop instance-level method patches (an LR

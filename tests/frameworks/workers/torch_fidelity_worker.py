@@ -359,6 +359,15 @@ def distributed_optimizer_has_horovods_parameter_names():
     unnamed = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
     assert sorted(unnamed._parameter_names.values()) == sorted(
         ["allreduce.noname.0", "allreduce.noname.1", "allreduce.noname.0", "allreduce.noname.1"])
+    # Horovod's full positional signature, num_groups (deprecated there, still accepted) included
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        positional = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                              hvd.Compression.none, 1, hvd.Average, 1.0, 2)
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught), "num_groups warns as in Horovod"
+    assert len(positional._hvd_buckets) == 2, "num_groups=2 makes two groups"
+    hvd.broadcast_optimizer_state(positional, 0, model=model)
 
 
 check.report(output_path())
