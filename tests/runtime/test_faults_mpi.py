@@ -114,6 +114,16 @@ def test_a_caught_failure_on_one_rank_gives_a_mismatch_everywhere_not_a_hang(mpi
 
 
 @pytest.mark.mpi
+def test_a_name_reused_on_one_rank_ends_in_an_error_on_every_rank(mpich) -> None:
+    run = mpich.run(2, "w_name_reused.py", timeout=60)
+    assert run.returncode == 0, run.explain()
+    assert "rank 0 refused at submission: a collective named 'grad' is still in flight" in run.stdout, run.explain()
+    for rank in (0, 1):
+        assert f"rank {rank} HpcvodMismatchError: ranks are out of step" in run.stdout, run.explain()
+    assert "finished without an error" not in run.stdout, run.explain()
+
+
+@pytest.mark.mpi
 def test_strangers_at_the_control_channel_are_refused_and_detection_still_works(mpich) -> None:
     run = mpich.run(3, "w_channel_attack.py", timeout=90, no_cleanup=True)
     assert "ATTACKS SENT" in run.stdout, run.explain()
