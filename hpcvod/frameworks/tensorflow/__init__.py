@@ -23,14 +23,28 @@ from hpcvod.frameworks.tensorflow.gradient_tape import (  # noqa: E402,F401
 )
 from hpcvod.frameworks.tensorflow.mpi_ops import (  # noqa: E402,F401
     allgather, allreduce, alltoall, barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
-    grouped_reducescatter, join, local_rank_op, local_size_op, rank_op, reducescatter, size_op,
+    grouped_reducescatter, join, local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
+    size_op,
 )
 
 
-def DistributedOptimizer(optimizer: _Any, *args: _Any, **kwargs: _Any) -> _Any:
-    """For a Keras 3 optimizer: ``hpcvod.tensorflow.keras.DistributedOptimizer`` (Horovod does the same)."""
+def DistributedOptimizer(optimizer: _Any, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "", compression: _Any = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: _Any = None,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: _Any = None, process_set: _Any = None,
+                         scale_local_gradients: bool = True) -> _Any:
+    """Horovod's ``horovod.tensorflow.DistributedOptimizer`` signature for a Keras 3 optimizer: the Keras
+    ``DistributedOptimizer`` (Horovod does the same for Keras optimizers). ``use_locking`` is TF1's; TF1
+    optimizers are not supported (docs/drop-in.md)."""
     from hpcvod.frameworks.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
-    return keras_distributed_optimizer(optimizer, *args, **kwargs)
+    return keras_distributed_optimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+        process_set=global_process_set if process_set is None else process_set,  # noqa: F821 (runtime basics)
+        scale_local_gradients=scale_local_gradients)
 
 
 def __getattr__(name: str) -> _Any:

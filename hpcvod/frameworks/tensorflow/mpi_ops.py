@@ -487,17 +487,19 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compres
 @_not_converted
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: Any = None,
-                          name: str | None = None, process_set: Any = global_process_set,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
+                          process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, name: str | None = None) -> list[tf.Tensor]:
+    """``reducescatter`` of each tensor (Horovod's positional order; ``name`` is an extension)."""
     return [reducescatter(t, compression=compression, op=op, name=None if name is None else f"{name}.{i}",
                           process_set=process_set, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
 
 
 @_not_converted
-def join() -> int:
-    """Marks this rank as out of data; returns the rank that joined last once every rank has joined."""
-    return rt.join()
+def join() -> tf.Tensor:
+    """Marks this rank as out of data; once every rank has joined, returns the rank that joined last (a scalar
+    int32 tensor, as Horovod's op; in a ``tf.function`` it joins when the graph runs)."""
+    return _run(lambda: tf.constant(rt.join(), dtype=tf.int32), [], [tf.int32])[0]
 
 
 @_not_converted
@@ -505,8 +507,23 @@ def barrier(process_set: Any = global_process_set) -> None:
     rt.barrier(process_set=process_set)
 
 
+def _process_set(process_set_id: int) -> Any:
+    from hpcvod.runtime import context
+    found = context.runtime().sets.get(process_set_id) if process_set_id else global_process_set
+    if found is None:
+        raise ValueError(f"no process set with id {process_set_id} is registered")
+    return found
+
+
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    return tf.constant(rt.size(), dtype=tf.int32)
+    """The size of the process set (a constant fixed when the graph is built)."""
+    return tf.constant(set_rank_size(_process_set(process_set_id))[1], dtype=tf.int32)
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 if this rank belongs to the process set, else 0 (a constant, as ``size_op``)."""
+    ps = _process_set(process_set_id)
+    return tf.constant(1 if ps is global_process_set else int(bool(ps.included())), dtype=tf.int32)
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:

@@ -240,5 +240,20 @@ def keras_collectives_take_value_and_name():
     np.testing.assert_allclose(np.asarray(hvdk.broadcast(values[RANK], SIZE - 1, "k.b")), values[SIZE - 1])
 
 
+@check
+def tensorflow_signatures_as_horovod():
+    # Horovod's positional orders and return types in horovod.tensorflow
+    x = tf.constant(data(RANK, (2 * SIZE, 2)))
+    out, = hvd.grouped_reducescatter([x], "", hvd.Compression.none, hvd.Sum, hvd.global_process_set, 2.0)
+    total = sum(data(r, (2 * SIZE, 2)) for r in range(SIZE))
+    np.testing.assert_allclose(out.numpy(), 2.0 * total[RANK * 2:(RANK + 1) * 2], rtol=1e-6)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), None, False)  # (optimizer, name, use_locking)
+    assert hasattr(opt, "_hvd")
+    assert int(hvd.size_op()) == SIZE and int(hvd.process_set_included_op()) == 1
+    last = hvd.join()  # a scalar int32 tensor, as Horovod's op
+    assert isinstance(last, tf.Tensor) and last.dtype == tf.int32, type(last)
+    assert hvd.allgather_object(int(last)) == [int(last)] * SIZE and 0 <= int(last) < SIZE
+
+
 check.report(output_path())
 hvd.shutdown()
