@@ -40,6 +40,21 @@ class _Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
+def _add_scheduler_options(p: argparse.ArgumentParser) -> None:
+    """One flag per per-job scheduler option (hpcvod/sites/joboptions.py defines them and their checks)."""
+    from hpcvod.sites.joboptions import flag, option_help
+
+    group = p.add_argument_group("scheduler options (a partition may set defaults; refused in one line where the "
+                                 "site's scheduler has no such request; docs/submission.md)")
+    for name, metavar, text in option_help():
+        if metavar is None:
+            group.add_argument(flag(name), action="store_true", default=None, help=text)
+        elif name == "sched_opt":
+            group.add_argument(flag(name), action="append", default=[], metavar=metavar, help=text)
+        else:
+            group.add_argument(flag(name), metavar=metavar, help=text)
+
+
 def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
     p.add_argument("--nodes", "-N", type=int, help="number of nodes (default 1)")
@@ -52,6 +67,7 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--queue", "-q", dest="partition", help="same as --partition")
     p.add_argument("--account", "-A", help="account/project to charge (default: the site's)")
     p.add_argument("--job-name", "-J", help="job name (default: the script's name)")
+    _add_scheduler_options(p)
     p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE|KEY",
                    help="environment variable for every rank (repeatable); KEY=VALUE is written into the script "
                    "verbatim; a bare KEY takes its value from this environment at submit time and is never written "
@@ -155,6 +171,7 @@ def _split_program(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
 
 def _job_spec(args: argparse.Namespace, program: list[str]):
     from hpcvod.jobs.spec import JobSpec, parse_job_env
+    from hpcvod.sites.joboptions import job_options, option_names
 
     if not program:
         raise UserError("missing SCRIPT: expected a script or command to run (hpcvod submit [OPTIONS] SCRIPT [ARGS...])")
@@ -162,7 +179,8 @@ def _job_spec(args: argparse.Namespace, program: list[str]):
     return JobSpec(program=program[0], args=tuple(program[1:]), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                    tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
                    partition=args.partition, account=args.account, job_name=args.job_name, env=env,
-                   container=args.container, secret_env=secret_env, shared_job_dir=args.shared_job_dir)
+                   container=args.container, secret_env=secret_env, shared_job_dir=args.shared_job_dir,
+                   options=job_options({name: getattr(args, name) for name in option_names()}))
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
@@ -262,14 +280,17 @@ def _roots():
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpcvod.jobs.submission import job_status
+    from hpcvod.jobs.submission import array_task_states, job_status
 
     ref = _job_ref(args.job, args.site)
     status = job_status(ref)
+    tasks = array_task_states(ref)
     if args.json:
         _print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
                      "reason": status.reason, "source": status.source, "site": ref.site, "scheduler": ref.scheduler,
-                     "job_dir": str(ref.job_dir) if ref.job_dir else None})
+                     "job_dir": str(ref.job_dir) if ref.job_dir else None,
+                     **({"tasks": [{"index": i, "state": t.state, "exit_code": t.exit_code, "raw": t.raw}
+                                   for i, t in tasks]} if tasks else {})})
         return EXIT_OK
     line = f"{ref.job_id}  {status.state}"
     if status.exit_code is not None:
@@ -281,6 +302,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if ref.job_dir:
         line += f"  folder={ref.job_dir}"
     print(line)
+    for index, task in tasks:  # an array job: each task's own state and exit status
+        print(f"  task {index}  {task.state}" + (f"  exit={task.exit_code}" if task.exit_code is not None else ""))
     return EXIT_OK
 
 

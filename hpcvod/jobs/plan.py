@@ -16,17 +16,20 @@ from typing import Any, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.host import HostFacts
+from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.shell import Verbatim, safe_name
 from hpcvod.jobs.spec import ENV_KEY, JobSpec, parse_time
 from hpcvod.launchers import LaunchRequest, launcher_for
 from hpcvod.schedulers import scheduler_for
-from hpcvod.schedulers.base import apply_directive_overrides
+from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.joboptions import JobOptions, merged
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seconds
 
 # Set by the script from the plan (docs/contract.md); --env may not override them.
-CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME")
+CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX")
+ARRAY_INDEX_ENV = "HPCVOD_ARRAY_INDEX"  # an array task's index, whatever the scheduler (docs/contract.md)
 
 # Where each scheduler's rendered script finds its job folder when it runs (the script is submitted from it).
 HOSTFILES = {"pbs": Verbatim('"$PBS_NODEFILE"'), "sge": Verbatim('"$HPCVOD_JOB_DIR/hostfile"')}  # sge.j2 writes it
@@ -66,6 +69,8 @@ class LaunchPlan:
     hpcvod_version: str = __version__
     secret_env: tuple[str, ...] = ()  # names only: the scheduler hands the values over (never written)
     shared_job_dir: bool = False  # job folder group-readable (else owner only)
+    options: JobOptions = dataclasses.field(default_factory=JobOptions)  # per-job scheduler options, resolved
+    array_index_var: str | None = None  # the scheduler's variable for an array task's index; None: no array
 
     @property
     def env(self) -> dict[str, str]:
@@ -117,6 +122,29 @@ def _program_argv(spec: JobSpec, site: Site, host: HostFacts, python: str) -> li
     return [program, *spec.args]
 
 
+def _resolve_dependency(expression: str, scheduler: Scheduler) -> str:
+    """Each ID of ``--dependency`` as the scheduler's job id: a job id stays, a job folder (its path, or its name
+    under a jobs root) becomes the id its job.json records."""
+    parts = []
+    for part in expression.split(","):
+        kind, *ids = part.split(":")
+        resolved = []
+        for given in ids:
+            if scheduler.job_id_pattern.fullmatch(given):
+                resolved.append(given)
+                continue
+            ref = find_job(given)
+            if ref is None:
+                raise UserError(f"--dependency {expression!r}: {given!r}: expected a {scheduler.name} job id like "
+                                f"{scheduler.job_id_example}, or an hpcvod job folder (path or name)")
+            if ref.scheduler != scheduler.name:
+                raise UserError(f"--dependency {expression!r}: {given!r} is a {ref.scheduler} job; this site's "
+                                f"jobs run under {scheduler.name}")
+            resolved.append(ref.job_id)
+        parts.append(":".join([kind, *resolved]))
+    return ",".join(parts)
+
+
 def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:
     """Every decision about the job; raises UserError (one line) for anything the user must fix."""
     profile = site.profile
@@ -155,6 +183,13 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         raise UserError(f"--tasks-per-node {tasks} x --cpus-per-task {cpus_per_task}: partition {partition_name!r} "
                         f"of site {site.name!r} has {node_cpus} CPUs per node")
     world = nodes * tasks
+
+    # -- per-job scheduler options: the user's, else the partition's; refused where the scheduler has none
+    options = merged(part.job_defaults, spec.options)
+    scheduler.check_job_options(options)
+    if options.dependency is not None:
+        options = dataclasses.replace(options, dependency=_resolve_dependency(options.dependency, scheduler))
+    array_index_var = scheduler.array_index_var if options.array else None
 
     # -- time and account
     if spec.time is not None:
@@ -231,7 +266,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         if key in site_env:  # the script's export of the site's value would hide the secret
             raise UserError(f"--env {key}: site {site.name!r} sets it in the script already; choose another name")
     contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name}
-    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *user_env, *secret_env]
+    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array_index_var else []), *user_env,
+               *secret_env]
 
     launcher = launcher_for(profile.launcher.kind, flavour)
     line = launcher.line(LaunchRequest(
@@ -252,7 +288,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         launch_argv=tuple(line.argv), program_argv=tuple(program), env_groups=env_groups,
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
         directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command),
-        secret_env=secret_env,
+        secret_env=secret_env, options=options, array_index_var=array_index_var,
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
     directives = apply_directive_overrides(scheduler.directives(plan), profile.directives.skip,
                                            profile.directives.extra)

@@ -40,11 +40,13 @@ from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
 from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.joboptions import job_options, option_names
 from hpcvod.sites.loader import Site, discover_site
 
 WORKER = Path(__file__).resolve().parent / "submitit_worker.py"
+# the job options (exclusive, mem, qos, dependency...) by their field names in hpcvod/sites/joboptions.py
 PARAMETERS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account",
-              "job_name", "env", "container", "secret_env", "shared_job_dir")
+              "job_name", "env", "container", "secret_env", "shared_job_dir", *option_names())
 RESULT_GRACE_SECONDS = 15  # a shared file system may show the result pickle a little after the job ended
 
 
@@ -140,8 +142,11 @@ class HpcvodExecutor(core.PicklingExecutor):
     hpcvod's discovery: $HPCVOD_SITE, hostname patterns, local); the other keywords are the resources of
     ``hpcvod submit``: nodes, gpus_per_node, tasks_per_node, cpus_per_task, time, partition, account, job_name,
     env (a mapping, written into the script), container, secret_env (names whose values the job takes from this
-    process's environment at submit time; only the names are written) and shared_job_dir (True: the job folder
-    is readable by the group; default: the site's jobs.shared_with_group, else owner only).
+    process's environment at submit time; only the names are written), shared_job_dir (True: the job folder
+    is readable by the group; default: the site's jobs.shared_with_group, else owner only), and the scheduler
+    options of ``hpcvod submit`` by their names: exclusive, mem, mem_per_gpu, constraint, qos, reservation,
+    nodelist, exclude, begin, mail_type, mail_user, dependency, sched_opt (a list) (docs/submission.md). ``array``
+    is refused: one call is one job here (``executor.batch()`` submits several).
     """
 
     job_class = HpcvodJob
@@ -178,8 +183,12 @@ class HpcvodExecutor(core.PicklingExecutor):
         secret_env = params.pop("secret_env", None) or ()
         if isinstance(secret_env, str) or not all(isinstance(k, str) for k in secret_env):
             raise UserError(f"secret_env: expected a list of variable names, got {secret_env!r}")
+        if params.get("array") is not None:
+            raise UserError("array: the Python API runs one call per job and keeps one result; submit several "
+                            "calls with executor.batch(), or a script with `hpcvod submit --array`")
+        options = job_options({name: params.pop(name, None) for name in option_names()})
         return JobSpec(program=str(WORKER), env=tuple((str(k), str(v)) for k, v in env.items()),
-                       secret_env=tuple(secret_env), **params)
+                       secret_env=tuple(secret_env), options=options, **params)
 
     def _prepared(self):
         return prepare(self._spec(), self.site, self.host, command=("hpcvod.jobs.python_api", self.site.name))

@@ -73,7 +73,9 @@ def render(plan: LaunchPlan, template: str) -> str:
         # set before the script writes anything (its exit status, the scheduler's logs follow sbatch's umask)
         "umask": Verbatim(f"{job_modes(plan.shared_job_dir).umask:03o}"),
         "shared": plan.shared_job_dir,
-        "secret_env": Verbatim(" ".join(plan.secret_env)),  # names checked by resolve: [A-Za-z0-9_] only
+        "secret_env": Verbatim(" ".join(plan.secret_env)),
+        # an array task's index: the scheduler module's own variable name (a constant of its class)
+        "array_index": Verbatim(f'"${plan.array_index_var}"') if plan.array_index_var else None,  # names checked by resolve: [A-Za-z0-9_] only
         "command": Verbatim(" ".join(shell_quote(w) for w in plan.command)) if plan.command else Verbatim("(none)"),
     }
     return environment().get_template(template).render(context)

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.joboptions import JobOptions
 
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
@@ -31,6 +32,7 @@ class JobSpec:
     # are ever written (docs/submission.md, "Trust model / secrets")
     secret_env: tuple[str, ...] = ()
     shared_job_dir: bool | None = None  # None: the site's jobs.shared_with_group
+    options: JobOptions = field(default_factory=JobOptions)  # --exclusive, --mem, --array... (checked already)
 
 
 def parse_time(text: str, flag: str = "--time") -> int:

@@ -18,10 +18,12 @@ from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.schedulers import scheduler_for
-from hpcvod.schedulers.base import CANCEL_FILE, JobStatus, read_cancel_marker, write_cancel_marker
-from hpcvod.schedulers.jobfiles import write_job_file
+from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
+                                    read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)
+from hpcvod.schedulers.jobfiles import read_json, write_job_file
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular
+from hpcvod.sites.joboptions import array_indexes
 from hpcvod.sites.loader import Site
 
 
@@ -94,8 +96,52 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
     return cls()
 
 
+MAX_TASKS_ASKED = 100  # an array's tasks asked one by one; beyond that, the unfinished ones show the job's state
+
+
 def job_status(ref: JobRef) -> JobStatus:
-    return scheduler_of(ref).status(ref.job_id, ref.job_dir)
+    status = scheduler_of(ref).status(ref.job_id, ref.job_dir)
+    if status.state == UNKNOWN and _array_spec(ref):  # forgotten by the scheduler: the tasks' exit files tell
+        codes = [read_exit_file(ref.job_dir, task_exit_file(i)) for i in array_indexes(_array_spec(ref))[0]]
+        if None not in codes:
+            failed = [c for c in codes if c]
+            return JobStatus(FAILED if failed else COMPLETED, raw=f"{len(codes) - len(failed)} of {len(codes)} "
+                             "tasks exit 0", exit_code=failed[0] if failed else 0, source="the tasks' exit files")
+    return status
+
+
+def _array_spec(ref: JobRef) -> str | None:
+    """The --array SPEC the job folder's request.json records (None: not an array job, or no folder)."""
+    if ref.job_dir is None:
+        return None
+    plan = read_json(ref.job_dir / REQUEST_FILE).get("plan")
+    options = plan.get("options") if isinstance(plan, dict) else None
+    spec = options.get("array") if isinstance(options, dict) else None
+    if spec is not None and not isinstance(spec, str):
+        raise UserError(f"{ref.job_dir / REQUEST_FILE}: plan.options.array: expected a string, got {spec!r}")
+    return spec
+
+
+def array_task_states(ref: JobRef) -> list[tuple[int, JobStatus]]:
+    """Each task of an array job with where it stands ([] for a job that is no array): its exit file once it has
+    ended, else what the scheduler says of that task (or, where it cannot be asked, of the whole job)."""
+    spec = _array_spec(ref)
+    if spec is None:
+        return []
+    scheduler = scheduler_of(ref)
+    indexes = array_indexes(spec)[0]
+    whole: JobStatus | None = None
+    out = []
+    for index in indexes:
+        status = status_from_exit_file(ref.job_dir, task_exit_file(index))
+        task_id = scheduler.task_job_id(ref.job_id, index)
+        if status is None and task_id is not None and len(indexes) <= MAX_TASKS_ASKED:
+            status = scheduler.status(task_id, None)
+        if status is None:
+            whole = whole or scheduler.status(ref.job_id, ref.job_dir)
+            status = whole if not whole.finished else JobStatus(UNKNOWN, reason="no exit file", source="none")
+        out.append((index, status))
+    return out
 
 
 def cancel_job(ref: JobRef) -> None:

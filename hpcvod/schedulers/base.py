@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import read_text_bounded
+from hpcvod.sites.joboptions import JobOptions, flag
 
 # hpcvod's job states; every scheduler maps its own words onto these.
 PENDING = "PENDING"
@@ -61,9 +62,6 @@ class NoOptions:
     """This scheduler has no options."""
 
 
-class SchedulerError(Exception):
-    """A scheduler command failed (sbatch rejected the job, qstat is missing...)."""
-
 class JobRequest(Protocol):
     """What a scheduler reads of a resolved job to write its directives (hpcvod.jobs.plan.LaunchPlan has it all;
     the scheduler modules stay below hpcvod.jobs and only name the fields they use)."""
@@ -78,7 +76,11 @@ class JobRequest(Protocol):
     time_seconds: int
     partition: str
     account: str | None
+    options: JobOptions  # the per-job options, partition defaults merged in, dependency IDs resolved to job ids
 
+
+class SchedulerError(Exception):
+    """A scheduler command failed (sbatch rejected the job, qstat is missing...)."""
 
 
 class Scheduler:
@@ -94,6 +96,14 @@ class Scheduler:
     # as an option; job_id_example is said in the error.
     job_id_pattern: ClassVar[re.Pattern[str]]
     job_id_example: ClassVar[str]
+    # The per-job options (hpcvod/sites/joboptions.py) this scheduler writes as directives; any other one given
+    # is refused in one line, with the hint below when there is one.
+    job_options: ClassVar[frozenset[str]] = frozenset()
+    refusal_hints: ClassVar[dict[str, str]] = {}
+    # The variable that holds an array task's index inside the job (None: no arrays), and the name of each
+    # task's log with the scheduler's own placeholder for the index.
+    array_index_var: ClassVar[str | None] = None
+    array_output: ClassVar[str] = ""
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -105,6 +115,24 @@ class Scheduler:
     def directives(self, plan: JobRequest) -> list[str]:
         """The resource request, one directive per line, without the prefix."""
         return []
+
+    def check_job_options(self, options: JobOptions) -> None:
+        """Refuse (UserError, one line) every option given that this scheduler has no directive for."""
+        for name in sorted(_given(options)):
+            if name not in self.job_options:
+                raise self.refuse(name, getattr(options, name), self.refusal_hints.get(name, ""))
+
+    def refuse(self, name: str, value: object, why: str = "") -> UserError:
+        shown = "" if value is True else f" {value!r}" if not isinstance(value, list) else f" {value[0]!r}"
+        return UserError(f"{flag(name)}{shown}: {self.name} has no such request" + (f" ({why})" if why else ""))
+
+    def task_job_id(self, job_id: str, index: int) -> str | None:
+        """The id this scheduler's commands take for one task of array job ``job_id`` (None: it has none)."""
+        return None
+
+    def output_file(self, plan: JobRequest) -> str:
+        """The log the scheduler writes, relative to the job folder: one per task for an array."""
+        return self.array_output if plan.options.array else OUTPUT_FILE
 
     def submit(self, job_dir: Path, script: Path, secret_env: Mapping[str, str] | None = None) -> Submitted:
         """Hand ``script`` (in ``job_dir``) to the scheduler. ``secret_env`` (name -> value) reaches the job through
@@ -149,6 +177,89 @@ class Scheduler:
         writes; the base scheduler records nothing of its own."""
 
 
+def _given(options: JobOptions) -> list[str]:
+    return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) not in (None, [], ())]
+
+
+def task_output_file(index: int) -> str:
+    """An array task's log in the job folder (what each scheduler's ``array_output`` becomes)."""
+    return f"output.{index}.log"
+
+
+def task_exit_file(index: int) -> str:
+    """An array task's exit status in the job folder (written by the rendered script)."""
+    return f"{EXIT_FILE}.{index}"
+
+
+def sched_opt_parts(item: str) -> tuple[str, str | None]:
+    """``--sched-opt KEY[=VALUE]`` (already checked) -> (KEY, VALUE or None)."""
+    key, sep, value = item.partition("=")
+    return key, value if sep else None
+
+
+# ---- what qsub's families (PBS Pro, Grid Engine) share --------------------------------------------------
+
+_QSUB_MAIL = {"NONE": "n", "BEGIN": "b", "END": "e", "FAIL": "a", "ALL": "bea"}
+
+
+def qsub_mail_events(scheduler: Scheduler, types: str) -> str:
+    """``--mail-type BEGIN,END`` -> qsub's ``-m`` letters ("be"); a Slurm-only event is refused."""
+    letters = ""
+    for word in types.split(","):
+        if word not in _QSUB_MAIL:
+            raise scheduler.refuse("mail_type", types, f"{word} is Slurm's only; qsub knows {', '.join(_QSUB_MAIL)}")
+        letters += "".join(ch for ch in _QSUB_MAIL[word] if ch not in letters)
+    return "n" if "n" in letters else letters
+
+
+def qsub_begin(scheduler: Scheduler, text: str) -> str:
+    """``--begin YYYY-MM-DD[THH:MM[:SS]]`` -> qsub's ``-a CCYYMMDDhhmm.SS``; now+N is refused (the script would
+    change with the clock, and qsub has no relative form)."""
+    from hpcvod.sites.joboptions import begin_datetime
+
+    when = begin_datetime(text)
+    if when is None:
+        raise scheduler.refuse("begin", text, "qsub takes a date: YYYY-MM-DD[THH:MM[:SS]]")
+    return when.strftime("%Y%m%d%H%M.%S")
+
+
+def qsub_range(scheduler: Scheduler, spec: str, lowest: int) -> tuple[str, int | None]:
+    """``--array START-END[:STEP][%MAX]`` -> ("START-END:STEP", MAX); lists, and indexes below ``lowest``, are
+    refused."""
+    from hpcvod.sites.joboptions import array_indexes
+
+    body, _, _ = spec.partition("%")
+    indexes, limit = array_indexes(spec)
+    if "," in body:
+        raise scheduler.refuse("array", spec, "it takes one range START-END[:STEP]")
+    if indexes[0] < lowest:
+        raise scheduler.refuse("array", spec, f"its task indexes start at {lowest}")
+    first, _, rest = body.partition("-")
+    last, _, step = (rest or first).partition(":")
+    return f"{first}-{last}:{step or 1}", limit
+
+
+def qsub_begin_and_mail(scheduler: Scheduler, job: JobOptions) -> list[str]:
+    """``-a`` (--begin), ``-m`` (--mail-type) and ``-M`` (--mail-user): the same in PBS Pro and Grid Engine."""
+    out = []
+    if job.begin is not None:
+        out.append(f"-a {qsub_begin(scheduler, job.begin)}")
+    if job.mail_type is not None:
+        out.append(f"-m {qsub_mail_events(scheduler, job.mail_type)}")
+    if job.mail_user is not None:
+        out.append(f"-M {job.mail_user}")
+    return out
+
+
+def qsub_sched_opts(items: Sequence[str]) -> list[str]:
+    """``--sched-opt KEY[=VALUE]`` -> qsub's ``-KEY [VALUE]`` (e.g. l=software=x -> -l software=x)."""
+    out = []
+    for item in items:
+        key, value = sched_opt_parts(item)
+        out.append(f"-{key}" if value is None else f"-{key} {value}")
+    return out
+
+
 def apply_directive_overrides(generated: list[str], skip: Sequence[str], extra: Sequence[str]) -> list[str]:
     """dask-jobqueue's override point: drop generated directives containing a skip string, then add extras."""
     kept = [d for d in generated if not any(s in d for s in skip)]
@@ -170,12 +281,13 @@ def run_command(argv: list[str], *, cwd: Path | None = None, timeout: float = 60
 _EXIT_STATUS = re.compile(r"[0-9]{1,3}")
 
 
-def read_exit_file(job_dir: Path | None) -> int | None:
-    """The exit status the rendered script recorded in its job folder (works after the scheduler forgot the job).
-    None while there is none; anything but a number 0-255 is a UserError naming the file."""
+def read_exit_file(job_dir: Path | None, name: str = EXIT_FILE) -> int | None:
+    """The exit status the rendered script recorded in its job folder (works after the scheduler forgot the job;
+    ``name``: an array task's own file). None while there is none; anything but a number 0-255 is a UserError
+    naming the file."""
     if job_dir is None:
         return None
-    path = job_dir / EXIT_FILE
+    path = job_dir / name
     try:
         text = read_text_bounded(path, 64, "exit status file").strip()
     except FileNotFoundError:
@@ -199,12 +311,12 @@ def read_cancel_marker(job_dir: Path | None) -> bool:
     return job_dir is not None and (job_dir / CANCEL_FILE).exists()
 
 
-def status_from_exit_file(job_dir: Path | None) -> JobStatus | None:
-    code = read_exit_file(job_dir)
+def status_from_exit_file(job_dir: Path | None, name: str = EXIT_FILE) -> JobStatus | None:
+    code = read_exit_file(job_dir, name)
     if code is None:
         return None
     return JobStatus(COMPLETED if code == 0 else FAILED, raw=f"exit {code}", exit_code=code,
-                     source=f"{EXIT_FILE} file")
+                     source=f"{name} file")
 
 
 def no_such_job(job_id: str, scheduler: str) -> UserError:

@@ -20,6 +20,7 @@ from hpcvod.launchers import without_outer_launch
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, RUNNING, UNKNOWN, JobStatus, Scheduler,
                                     Submitted, read_cancel_marker, read_exit_file)
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.joboptions import option_names
 
 PID_MAX = 1 << 22  # Linux's largest pid_max
 SCRIPT_ARGV = ("bash", "job.sh")  # what submit starts, in the job folder: the only process cancel may signal
@@ -140,6 +141,7 @@ class LocalScheduler(Scheduler):
     poll_seconds = 0.2
     job_id_pattern = re.compile(r"local-[1-9][0-9]{0,6}")  # local-PID
     job_id_example = "local-12345"
+    refusal_hints = dict.fromkeys(option_names(), "it runs jobs on this machine, without a batch scheduler")
 
     @staticmethod
     def parse_job_id(text: str) -> str:

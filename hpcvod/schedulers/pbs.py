@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Mapping, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
-                                    run_command, status_from_exit_file)
+                                    qsub_begin_and_mail, qsub_range, qsub_sched_opts, run_command,
+                                    status_from_exit_file)
 from hpcvod.sites.spec import Pattern, doc
 
 
@@ -31,6 +32,12 @@ class PbsOptions:
 def pbs_walltime(seconds: int) -> str:
     """PBS walltime: HH:MM:SS with as many hours as needed."""
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def pbs_size(size: str) -> str:
+    """``--mem`` SIZE (megabytes unless K, M, G or T follows) -> PBS's ``64gb``."""
+    number, unit = (size[:-1], size[-1]) if size[-1] in "KMGT" else (size, "M")
+    return f"{number}{unit.lower()}b"
 
 
 def parse_qstat_full(text: str) -> dict[str, str]:
@@ -77,23 +84,48 @@ class PbsScheduler(Scheduler):
     # 123.server, an array job 123[].server, one of its subjobs 123[4].server (the server part is optional)
     job_id_pattern = re.compile(r"[0-9]+(?:\[[0-9]*\])?(?:\.[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
     job_id_example = "1234.server, 1234[].server or 1234[5].server"
+    job_options = frozenset({"exclusive", "mem", "begin", "mail_type", "mail_user", "dependency", "array",
+                             "sched_opt"})
+    refusal_hints = {"reservation": "a PBS reservation is a queue of its own: --partition R1234",
+                     "qos": "Slurm only", "mem_per_gpu": "Slurm only; PBS takes --mem per node",
+                     "constraint": "ask for a host resource with --sched-opt 'l=RESOURCE=VALUE'",
+                     "nodelist": "Slurm only", "exclude": "Slurm only"}
+    array_index_var = "PBS_ARRAY_INDEX"
+    array_output = "output.^array_index^.log"
 
     def directives(self, plan: JobRequest) -> list[str]:
         chunk = [f"select={plan.nodes}", f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
                  f"mpiprocs={plan.tasks_per_node}", f"ompthreads={plan.cpus_per_task}"]
         if plan.gpus_per_node:
             chunk.append(f"{self.options.gpu_resource}={plan.gpus_per_node}")
+        job = plan.options
+        if job.mem is not None:  # a chunk is a node here: memory per node
+            chunk.append(f"mem={pbs_size(job.mem)}")
+        place = self.options.place
+        if job.exclusive and "excl" not in place:
+            place += ":excl"
         out = [
             f"-N {plan.scheduler_job_name}",
             "-l " + ":".join(chunk),
-            f"-l place={self.options.place}",
+            f"-l place={place}",
             f"-l walltime={pbs_walltime(plan.time_seconds)}",
             f"-q {plan.partition}",
         ]
         if plan.account:
             out.append(f"-A {plan.account}")
-        out += ["-j oe", f"-o {OUTPUT_FILE}"]  # relative to qsub's working directory = the job folder
-        return out
+        out += qsub_begin_and_mail(self, job)
+        if job.dependency is not None:
+            if "singleton" in job.dependency.split(","):
+                raise self.refuse("dependency", job.dependency, "singleton is Slurm's only")
+            out.append(f"-W depend={job.dependency}")  # PBS reads after/afterok/afternotok/afterany:ID[:ID]
+        if job.array is not None:
+            indexes, limit = qsub_range(self, job.array, 0)
+            out.append(f"-J {indexes}" + (f"%{limit}" if limit else ""))
+        out += ["-j oe", f"-o {self.output_file(plan)}"]  # relative to qsub's working directory = the job folder
+        return out + qsub_sched_opts(job.sched_opt)
+
+    def task_job_id(self, job_id: str, index: int) -> str | None:
+        return job_id.replace("[]", f"[{index}]", 1) if "[]" in job_id else None
 
     @staticmethod
     def parse_job_id(text: str) -> str:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Mapping, Optional, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
-                                    run_command, status_from_exit_file)
+                                    qsub_begin_and_mail, qsub_range, qsub_sched_opts, run_command,
+                                    status_from_exit_file)
 from hpcvod.sites.spec import Pattern, doc
 
 
@@ -37,6 +38,19 @@ class SgeOptions:
 def sge_time(seconds: int) -> str:
     """h_rt as HH:MM:SS with as many hours as needed."""
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def sge_hold(scheduler: Scheduler, expression: str) -> str:
+    """``--dependency afterany:ID[:ID]`` -> ``-hold_jid ID,ID``: Grid Engine waits for the end, whatever the exit
+    status; the other kinds are refused."""
+    ids = []
+    for part in expression.split(","):
+        kind, *found = part.split(":")
+        if kind != "afterany":
+            raise scheduler.refuse("dependency", expression, f"{kind}: Grid Engine's -hold_jid only waits for the "
+                                   "end (afterany)")
+        ids += found
+    return ",".join(ids)
 
 
 def sge_state(letters: str) -> str:
@@ -104,6 +118,13 @@ class SgeScheduler(Scheduler):
     # 123, a task 123.4, a task range 123.1-10:1 (what qsub -terse prints for an array job)
     job_id_pattern = re.compile(r"[0-9]+(?:\.[0-9]+(?:-[0-9]+(?::[0-9]+)?)?)?")
     job_id_example = "1234 or 1234.5"
+    job_options = frozenset({"exclusive", "reservation", "begin", "mail_type", "mail_user", "dependency", "array",
+                             "sched_opt"})
+    refusal_hints = {"mem": "Grid Engine asks for memory per slot: --sched-opt 'l=h_vmem=4G'",
+                     "mem_per_gpu": "Slurm only", "qos": "Slurm only", "nodelist": "Slurm only",
+                     "exclude": "Slurm only", "constraint": "ask for a complex with --sched-opt 'l=NAME=VALUE'"}
+    array_index_var = "SGE_TASK_ID"
+    array_output = "output.$TASK_ID.log"
 
     def directives(self, plan: JobRequest) -> list[str]:
         out = [
@@ -117,9 +138,25 @@ class SgeScheduler(Scheduler):
             out.append(f"-l {self.options.gpu_resource}={max(1, plan.gpus_per_node // plan.tasks_per_node)}")
         if plan.account:
             out.append(f"-A {plan.account}")
+        job = plan.options
+        if job.exclusive:
+            out.append("-l exclusive=true")  # the exclusive complex (relop EXCL) of Son of Grid Engine
+        if job.reservation is not None:
+            if not job.reservation.isdigit():
+                raise self.refuse("reservation", job.reservation, "Grid Engine names an advance reservation by "
+                                  "its number (qrstat)")
+            out.append(f"-ar {job.reservation}")
+        out += qsub_begin_and_mail(self, job)
+        if job.dependency is not None:
+            out.append(f"-hold_jid {sge_hold(self, job.dependency)}")
+        if job.array is not None:
+            indexes, limit = qsub_range(self, job.array, 1)
+            out.append(f"-t {indexes}")
+            if limit:
+                out.append(f"-tc {limit}")
         # run in the submit directory (the job folder), one log, bash as the job shell
-        out += ["-cwd", "-j y", f"-o {OUTPUT_FILE}", "-S /bin/bash"]
-        return out
+        out += ["-cwd", "-j y", f"-o {self.output_file(plan)}", "-S /bin/bash"]
+        return out + qsub_sched_opts(job.sched_opt)
 
     @staticmethod
     def parse_job_id(text: str) -> str:

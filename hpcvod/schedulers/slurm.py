@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, PENDING, RUNNING, TIMEOUT, UNKNOWN,
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, run_command,
-                                    status_from_exit_file)
+                                    sched_opt_parts, status_from_exit_file)
 from hpcvod.sites.spec import doc
 
 
@@ -86,6 +86,10 @@ class SlurmScheduler(Scheduler):
     # 123, an array task 123_4, a heterogeneous job component 123+1
     job_id_pattern = re.compile(r"[0-9]+(?:_[0-9]+|\+[0-9]+)?")
     job_id_example = "1234, 1234_5 or 1234+1"
+    job_options = frozenset({"exclusive", "mem", "mem_per_gpu", "constraint", "qos", "reservation", "nodelist",
+                             "exclude", "begin", "mail_type", "mail_user", "dependency", "array", "sched_opt"})
+    array_index_var = "SLURM_ARRAY_TASK_ID"
+    array_output = "output.%a.log"  # %a: the array task's index
 
     def directives(self, plan: JobRequest) -> list[str]:
         out = [
@@ -106,9 +110,16 @@ class SlurmScheduler(Scheduler):
         out.append(f"--partition={plan.partition}")
         if plan.account:
             out.append(f"--account={plan.account}")
-        if self.options.exclusive:
+        job = plan.options
+        if self.options.exclusive or job.exclusive:
             out.append("--exclusive")
-        out.append(f"--output={OUTPUT_FILE}")  # relative to the submit dir = the job folder
+        for name, value in (("mem", job.mem), ("mem-per-gpu", job.mem_per_gpu), ("constraint", job.constraint),
+                            ("qos", job.qos), ("reservation", job.reservation), ("nodelist", job.nodelist),
+                            ("exclude", job.exclude), ("begin", job.begin), ("mail-type", job.mail_type),
+                            ("mail-user", job.mail_user), ("dependency", job.dependency), ("array", job.array)):
+            if value is not None:
+                out.append(f"--{name}={value}")
+        out.append(f"--output={self.output_file(plan)}")  # relative to the submit dir = the job folder
         # preemption, `scontrol requeue` and the script's own requeue put the job back in the queue; each run
         # adds to output.log instead of wiping the one before (docs/preemption.md)
         out.append("--requeue")
@@ -116,7 +127,16 @@ class SlurmScheduler(Scheduler):
         warning = min(self.options.requeue_warning, plan.time_seconds // 2)
         if warning > 0:
             out.append(f"--signal=B:USR1@{warning}")
+        for item in job.sched_opt:  # last: sbatch takes the last of a repeated option, so they can override
+            key, value = sched_opt_parts(item)
+            if len(key) == 1:
+                out.append(f"-{key}" if value is None else f"-{key} {value}")
+            else:
+                out.append(f"--{key}" if value is None else f"--{key}={value}")
         return out
+
+    def task_job_id(self, job_id: str, index: int) -> str | None:
+        return f"{job_id}_{index}"
 
     @staticmethod
     def parse_job_id(text: str) -> str:

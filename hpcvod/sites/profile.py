@@ -8,7 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
-from hpcvod.sites.errors import ProfileError
+from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.sites.joboptions import JobDefaults, check_job_options
 from hpcvod.sites.spec import ENV_NAME, ONE_LINE, Choices, EnvValue, Min, Pattern, doc
 
 TIME_PATTERN = Pattern(r"(\d+-)?\d+:[0-5]\d:[0-5]\d|\d+", "a time as [D-]HH:MM:SS or whole minutes")
@@ -38,6 +39,9 @@ class Partition:
         "GPU model for Slurm's typed GRES (--gres=gpu:TYPE:N), e.g. a100; null = untyped", None)
     env: EnvMap = doc("environment variables set for jobs in this partition only", factory=dict)
     description: Line = doc("what this partition is for", "")
+    job_defaults: JobDefaults = doc(
+        "scheduler options every job in this partition gets unless the user gives its flag (e.g. exclusive: true, "
+        "qos: high); docs/submission.md lists them", factory=JobDefaults)
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,10 @@ def check_profile(profile: SiteProfile) -> None:
             if getattr(part, key) == AUTO and profile.scheduler != "local":
                 raise ProfileError(("partitions", name, key),
                                    "'auto' counts this machine's resources and only fits scheduler 'local'")
+        try:
+            check_job_options(part.job_defaults)
+        except UserError as err:
+            raise ProfileError(("partitions", name, "job_defaults"), str(err)) from None
         if part.max_time is not None and time_seconds(part.default_time) > time_seconds(part.max_time):
             raise ProfileError(("partitions", name, "default_time"),
                                f"{part.default_time} is longer than max_time {part.max_time}")

@@ -11,6 +11,9 @@ from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.schedulers import scheduler_for
+from hpcvod.sites import UserError, shipped_dir
+
+GOLDEN_SITES = shipped_dir()
 
 # PBS Pro (Reference Guide, qsub): a chunk is resource=value pairs joined by ':' after select=N
 PBS_NAME = re.compile(r"^[A-Za-z][^\s@:]{0,235}$")
@@ -163,3 +166,122 @@ def test_containers(golden_workdir):
     plan = resolve(JobSpec(program="train.py", nodes=1, gpus_per_node=2, container="/images/t.sif"), site,
                    golden_host(gpus=2))
     assert plan.program_argv[:6] == ("apptainer", "exec", "--nv", "--bind", "/scratch", "/images/t.sif")
+
+
+# ---- per-job scheduler options (hpcvod/sites/joboptions.py) ------------------------------------------------
+
+def _options(**values):
+    from hpcvod.sites.joboptions import job_options
+
+    return job_options(values)
+
+
+@pytest.mark.parametrize("site_name,values,refused", [
+    ("pbs-ib-openmpi", {"qos": "high"}, "--qos 'high': pbs has no such request (Slurm only)"),
+    ("pbs-ib-openmpi", {"mem_per_gpu": "8G"}, "--mem-per-gpu '8G': pbs has no such request"),
+    ("pbs-ib-openmpi", {"reservation": "R1"}, "a PBS reservation is a queue of its own"),
+    ("pbs-ib-openmpi", {"array": "1,3,5"}, "--array '1,3,5': pbs has no such request (it takes one range"),
+    ("pbs-ib-openmpi", {"begin": "now+60"}, "--begin 'now+60': pbs has no such request (qsub takes a date"),
+    ("pbs-ib-openmpi", {"dependency": "singleton"}, "singleton is Slurm's only"),
+    ("pbs-ib-openmpi", {"mail_type": "TIME_LIMIT"}, "TIME_LIMIT is Slurm's only"),
+    ("sge-sandbox", {"mem": "4G"}, "Grid Engine asks for memory per slot"),
+    ("sge-sandbox", {"array": "0-9"}, "its task indexes start at 1"),
+    ("sge-sandbox", {"dependency": "afterok:12"}, "afterok: Grid Engine's -hold_jid only waits for the end"),
+    ("sge-sandbox", {"reservation": "maint"}, "by its number"),
+    ("sge-sandbox", {"constraint": "a100"}, "--constraint 'a100': sge has no such request"),
+    ("local", {"exclusive": True}, "--exclusive: local has no such request (it runs jobs on this machine"),
+])
+def test_options_a_scheduler_lacks_are_refused_in_one_line(golden_workdir, site_name, values, refused):
+    with pytest.raises(UserError) as err:
+        _plan(site_name, 1, 0, golden_workdir, options=_options(**values))
+    assert refused in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--mem", "64X", "expected a size"), ("--mem-per-gpu", "0", "expected a size"),
+    ("--begin", "tomorrow", "expected a start time"), ("--begin", "2026-02-30", "a date and time that exist"),
+    ("--array", "9-1", "END >= START"), ("--array", "0-3%0", "%MAX >= 1"), ("--array", "1,1", "each index once"),
+    ("--array", "a-b", "array indexes as a range"), ("--dependency", "afterok", "Slurm's dependency grammar"),
+    ("--dependency", "afterok:1;rm", "Slurm's dependency grammar"), ("--mail-type", "BEGIN,LUNCH", "mail events"),
+    ("--mail-user", "a b@c", "a mail address"), ("--constraint", "a100 && ib", "node features"),
+    ("--nodelist", "n1;n2", "host names or ranges"), ("--qos", "-high", "a name of letters"),
+    ("--sched-opt", "comment=a;b", "';' outside quotes is not allowed"),
+    ("--sched-opt", "--comment=x", "without leading dashes"), ("--sched-opt", "comment=$(id)", "'$' outside quotes"),
+    ("--sched-opt", "comment=\"a\nb\"", "KEY or KEY=VALUE"),
+])
+def test_bad_option_values_name_flag_value_and_expectation(golden_workdir, flag, value, expected):
+    from hpcvod.sites.joboptions import job_options
+
+    with pytest.raises(UserError) as err:
+        job_options({flag[2:].replace("-", "_"): [value] if flag == "--sched-opt" else value})
+    text = str(err.value)
+    assert text.startswith(f"{flag} {value!r}"), text
+    assert expected in text, text
+
+
+def test_bad_option_on_the_command_line_is_one_line_exit_2(golden_workdir):
+    from submission_helpers import hpcvod, one_error_line
+
+    done = hpcvod("render", "--site", "slurm-ib-openmpi", "--array", "5-1", "train.py", cwd=golden_workdir)
+    one_error_line(done.returncode, done.stderr, "--array '5-1'", "END >= START")
+    done = hpcvod("render", "--site", "pbs-ib-openmpi", "--qos", "high", "train.py", cwd=golden_workdir)
+    one_error_line(done.returncode, done.stderr, "--qos 'high': pbs has no such request")
+
+
+def _with_defaults(tmp_path, lines: str):
+    """slurm-ib-openmpi with these job_defaults lines for its partition gpu."""
+    profile = tmp_path / "defaults.yaml"
+    profile.write_text(f"extends: {GOLDEN_SITES / 'slurm-ib-openmpi.yaml'}\npartitions:\n  gpu:\n    job_defaults:\n"
+                       + lines)
+    return profile
+
+
+def test_partition_defaults_and_the_user_flag_beats_them(golden_workdir, tmp_path):
+    profile = _with_defaults(tmp_path, "      exclusive: true\n      qos: normal\n      mem_per_gpu: 8G\n"
+                                       "      sched_opt: [comment=site]\n")
+    site = load_site(str(profile), environ=NO_USER_CONFIG)
+    host = golden_host(gpus=4)
+    plan = resolve(JobSpec(program="train.py", gpus_per_node=4), site, host)
+    assert {"--exclusive", "--qos=normal", "--mem-per-gpu=8G", "--comment=site"} <= set(plan.directives)
+    mine = _options(qos="high", mem="100G", sched_opt=["comment=mine"])
+    plan = resolve(JobSpec(program="train.py", gpus_per_node=4, options=mine), site, host)
+    assert {"--exclusive", "--qos=high", "--mem=100G"} <= set(plan.directives)
+    assert "--qos=normal" not in plan.directives and not any(d.startswith("--mem-per-gpu") for d in plan.directives)
+    assert plan.directives.index("--comment=site") < plan.directives.index("--comment=mine")  # the user's last
+
+
+def test_bad_partition_default_names_the_key(golden_workdir, tmp_path):
+    profile = _with_defaults(tmp_path, "      mem: lots\n")
+    with pytest.raises(UserError, match=r"defaults.yaml:\d+: partitions.gpu.job_defaults.mem: expected a size"):
+        load_site(str(profile), environ=NO_USER_CONFIG)
+    profile = _with_defaults(tmp_path, "      array: 0-3\n")
+    with pytest.raises(UserError, match=r"partitions.gpu.job_defaults.array: unknown key"):
+        load_site(str(profile), environ=NO_USER_CONFIG)
+
+
+def test_dependency_on_a_job_folder_becomes_its_job_id(golden_workdir, tmp_path, monkeypatch):
+    import json
+
+    folder = tmp_path / "hpcvod-jobs" / "prep-20261124-101010"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text(json.dumps({"job_id": "4242", "scheduler": "slurm"}))
+    (folder / "request.json").write_text(json.dumps({"plan": {"site": "slurm-ib-openmpi", "site_source": ""}}))
+    monkeypatch.chdir(tmp_path)
+    for given in (str(folder), folder.name):
+        _, plan, _ = _plan("slurm-ib-openmpi", 1, 0, golden_workdir,
+                           options=_options(dependency=f"afterok:{given}:77,singleton"))
+        assert "--dependency=afterok:4242:77,singleton" in plan.directives
+    with pytest.raises(UserError, match=r"'nosuch': expected a slurm job id like .* or an hpcvod job folder"):
+        _plan("slurm-ib-openmpi", 1, 0, golden_workdir, options=_options(dependency="afterok:nosuch"))
+    with pytest.raises(UserError, match=r"is a slurm job; this site's jobs run under pbs"):
+        _plan("pbs-ib-openmpi", 1, 0, golden_workdir, options=_options(dependency=f"afterok:{folder.name}"))
+
+
+def test_array_index_reaches_the_ranks(golden_workdir):
+    for site_name, var in (("slurm-ib-openmpi", "SLURM_ARRAY_TASK_ID"), ("pbs-ib-openmpi", "PBS_ARRAY_INDEX"),
+                           ("sge-sandbox", "SGE_TASK_ID")):
+        _, plan, text = _plan(site_name, 1, 0, golden_workdir, options=_options(array="1-3"))
+        assert f'export HPCVOD_ARRAY_INDEX="${var}"' in text
+        assert "exitcode.$HPCVOD_ARRAY_INDEX" in text
+        _, _, plain = _plan(site_name, 1, 0, golden_workdir)
+        assert "HPCVOD_ARRAY_INDEX" not in plain

@@ -6,6 +6,7 @@ and review the diff of tests/submission/golden/ like code.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.schedulers import scheduler_for
 from hpcvod.sites import UserError, site_files
+from hpcvod.sites.joboptions import JobOptions, job_options
 
 SHIPPED = sorted(site_files(environ=NO_USER_CONFIG))
 LAYOUTS = [(1, 0), (4, 4)]
@@ -34,11 +36,47 @@ def _command(nodes: int, gpus: int, site: str) -> list[str]:
             "--env", "MY_SETTING=a b;c", "train.py", "--epochs", "3", "--note", "it's a $(test); `x` \"y\""]
 
 
-def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_root: bool = False) -> str:
+def rendered(site_name: str, nodes: int, gpus: int, flavour: str = "mpich", is_root: bool = False,
+             options: JobOptions | None = None) -> str:
     site = load_site(site_name, environ=NO_USER_CONFIG)
     host = golden_host(flavour, gpus=gpus, is_root=is_root)
-    plan = resolve(_spec(nodes, gpus), site, host, _command(nodes, gpus, site_name))
+    spec = dataclasses.replace(_spec(nodes, gpus), options=options or JobOptions())
+    plan = resolve(spec, site, host, _command(nodes, gpus, site_name))
     return render(plan, scheduler_for(site).template)
+
+
+# Every per-job option a scheduler writes, in one script per scheduler (an array job: the index variable, the
+# per-task log and exit file show too); the options it refuses are tested in test_directives.py.
+OPTIONS = {
+    "slurm-ib-openmpi": dict(exclusive=True, mem="64G", constraint="a100&ib", qos="high", reservation="maint",
+                             nodelist="n[01-04]", exclude="n07", begin="2026-12-01T10:00", mail_type="BEGIN,END,FAIL",
+                             mail_user="ada@example.org", dependency="afterok:123:456,afterany:789",
+                             array="0-15%4", sched_opt=["gres-flags=enforce-binding", "comment=\"sweep 1\""]),
+    "pbs-ib-openmpi": dict(exclusive=True, mem="64G", begin="2026-12-01T10:00:30", mail_type="BEGIN,FAIL",
+                           mail_user="ada@example.org", dependency="afterok:123.server:124.server", array="0-9",
+                           sched_opt=["l=software=matlab"]),
+    "sge-sandbox": dict(exclusive=True, reservation="42", begin="2026-12-01T10:00", mail_type="END",
+                        mail_user="ada", dependency="afterany:77:78", array="1-9:2%3", sched_opt=["l=h_vmem=4G"]),
+}
+
+
+LAYOUT = {"sge-sandbox": (1, 0)}  # one host, no GPUs; the others: 2 nodes x 4 GPUs
+
+
+def options_golden_name(site: str) -> str:
+    nodes, gpus = LAYOUT.get(site, (2, 4))
+    return f"options-{site}-{nodes}n{gpus}g.sh"
+
+
+@pytest.mark.parametrize("site", sorted(OPTIONS))
+def test_golden_job_options(golden_workdir, site):
+    text = rendered(site, *LAYOUT.get(site, (2, 4)), options=job_options(OPTIONS[site]))
+    path = GOLDEN / options_golden_name(site)
+    if REGEN:
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with HPCVOD_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{path.name} changed; if intended, regenerate with HPCVOD_REGEN_GOLDEN=1"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
 def feasible(name: str, nodes: int, gpus: int) -> bool:
@@ -80,7 +118,7 @@ def test_every_shipped_profile_has_golden_files():
     for site in SHIPPED:
         for nodes, gpus in LAYOUTS:
             assert f"{site}-{nodes}n{gpus}g.sh" in names or (site, nodes, gpus) in INFEASIBLE
-    expected = {golden_name(*c) for c in cases()}
+    expected = {golden_name(*c) for c in cases()} | {options_golden_name(site) for site in OPTIONS}
     assert names == expected, f"stale golden files: {sorted(names - expected)}"
 
 

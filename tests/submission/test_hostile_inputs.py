@@ -152,6 +152,14 @@ JOB_OPTIONS = {
     "--partition": st.one_of(st.sampled_from(["gpu", "cpu", "local"]), TEXT), "--queue": TEXT,
     "--account": st.one_of(st.just("proj1"), TEXT), "--job-name": TEXT, "--env": st.one_of(TEXT, st.tuples(TEXT, TEXT).map("=".join)),
     "--container": TEXT,
+    # the per-job scheduler options (hpcvod/sites/joboptions.py): refused in one line, never a broken script
+    "--mem": st.one_of(st.sampled_from(["64G", "512", "1T"]), NUMBER, TEXT), "--mem-per-gpu": NUMBER,
+    "--constraint": st.one_of(st.just("a100&ib"), TEXT), "--qos": TEXT, "--reservation": TEXT, "--nodelist": TEXT,
+    "--exclude": TEXT, "--begin": st.one_of(st.sampled_from(["2030-01-01T10:00", "now+60", "2026-02-30"]), TEXT),
+    "--mail-type": st.one_of(st.just("BEGIN,END"), TEXT), "--mail-user": TEXT,
+    "--dependency": st.one_of(st.sampled_from(["afterok:12:13", "singleton", "afterany:train-x"]), TEXT),
+    "--array": st.one_of(st.sampled_from(["0-9", "1,3,5", "0-15%4", "9-1"]), NUMBER, TEXT),
+    "--sched-opt": st.one_of(st.sampled_from(["comment=\"a b\"", "gres-flags=enforce-binding", "x=$(id)"]), TEXT),
 }
 
 

@@ -89,3 +89,17 @@ def test_executor_parameters_are_checked():
         HpcvodExecutor(site="nowhere")
     with pytest.raises(UserError, match="--gpus-per-node 8"):
         HpcvodExecutor(site="slurm-ib-openmpi", gpus_per_node=8)._num_tasks()
+
+
+def test_executor_takes_the_scheduler_options_by_name():
+    executor = HpcvodExecutor(site="slurm-ib-openmpi", nodes=2, gpus_per_node=4, exclusive=True, qos="high",
+                              mem_per_gpu="80G", dependency="afterok:41", sched_opt=["comment=api"])
+    script = executor._make_submission_file_text("", "")
+    for directive in ("--exclusive", "--qos=high", "--mem-per-gpu=80G", "--dependency=afterok:41", "--comment=api"):
+        assert f"#SBATCH {directive}\n" in script, directive
+    with pytest.raises(UserError, match=r"^--mem '64X': expected a size"):
+        HpcvodExecutor(site="slurm-ib-openmpi", mem="64X")._num_tasks()
+    with pytest.raises(UserError, match=r"^--qos 'high': pbs has no such request"):
+        HpcvodExecutor(site="pbs-ib-openmpi", qos="high")._num_tasks()
+    with pytest.raises(UserError, match=r"^array: the Python API runs one call per job"):
+        HpcvodExecutor(site="slurm-ib-openmpi", array="0-3")._num_tasks()
