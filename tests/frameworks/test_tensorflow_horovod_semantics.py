@@ -34,6 +34,7 @@ SEMANTIC_CHECKS = [
     "partial_tape_with_keras3_layers",
     "sync_batch_normalization_matches_global_batch",
     "keras_collectives_take_value_and_name",
+    "broadcast_callback_keeps_local_variables",
     "tensorflow_signatures_as_horovod",
 ]
 

@@ -241,6 +241,24 @@ def keras_collectives_take_value_and_name():
 
 
 @check
+def broadcast_callback_keeps_local_variables():
+    # Horovod's BroadcastGlobalVariablesCallback(root_rank, device, local_variables): those stay per rank
+    root = SIZE - 1
+    init = keras.initializers.Constant(float(RANK))
+    model = keras.Sequential([keras.Input((3,))] + [
+        keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init, trainable=False) for _ in range(3)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    local = list(model.layers[0].variables)
+    callback = hvdk.callbacks.BroadcastGlobalVariablesCallback(root, "", local)
+    model.fit(np.ones((2, 3), np.float32), np.ones((2, 3), np.float32), batch_size=2, epochs=1, verbose=0,
+              callbacks=[callback])
+    local_ids = {id(v) for v in local}
+    for v in model.variables:
+        want = float(RANK) if id(v) in local_ids else float(root)
+        np.testing.assert_array_equal(np.asarray(v), np.full(v.shape, want, np.float32))
+
+
+@check
 def tensorflow_signatures_as_horovod():
     # Horovod's positional orders and return types in horovod.tensorflow
     x = tf.constant(data(RANK, (2 * SIZE, 2)))

@@ -10,6 +10,7 @@ import numpy as np
 
 import hpcvod.runtime as rt
 from hpcvod.frameworks.tensorflow.functions import broadcast_variables
+from hpcvod.frameworks.tensorflow.gradient_tape import variable_key
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -19,17 +20,25 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Keras 3 builds the optimizer lazily (in the first traced step); a restored optimizer is built already. So
     that every rank broadcasts the same variables, the callback builds the optimizer where the model is built,
     and broadcasts at ``on_train_begin`` when every rank's model is built, else after the first batch.
+    ``local_variables`` (or ``register_local_var``) stay as they are on each rank.
     """
 
-    def __init__(self, root_rank: int, device: str = "", process_set: Any = rt.global_process_set) -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None,
+                 process_set: Any = rt.global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
         self.broadcast_done = False
+        self._local_keys = {variable_key(v) for v in (local_variables or [])}
+
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var`` out of the broadcast (a worker-local variable), as Horovod's ``local_variables``."""
+        self._local_keys.add(variable_key(var))
 
     def _broadcast(self) -> None:
         optimizer = getattr(self.model, "optimizer", None)
-        variables = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+        variables = [v for v in self.model.variables if variable_key(v) not in self._local_keys]
+        variables += list(optimizer.variables) if optimizer is not None else []
         broadcast_variables(variables, self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
 
