@@ -31,9 +31,6 @@ from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seco
 CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX")
 ARRAY_INDEX_ENV = "HPCVOD_ARRAY_INDEX"  # an array task's index, whatever the scheduler (docs/contract.md)
 
-# Where each scheduler's rendered script finds its job folder when it runs (the script is submitted from it).
-HOSTFILES = {"pbs": Verbatim('"$PBS_NODEFILE"'), "sge": Verbatim('"$HPCVOD_JOB_DIR/hostfile"')}  # sge.j2 writes it
-
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -179,7 +176,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     else:
         tasks = max(1, node_cpus // (spec.cpus_per_task or 1))
     cpus_per_task = spec.cpus_per_task or (max(1, node_cpus // tasks) if gpus else 1)
-    if profile.scheduler != "local" and tasks * cpus_per_task > node_cpus:
+    if not scheduler.single_host and tasks * cpus_per_task > node_cpus:
         raise UserError(f"--tasks-per-node {tasks} x --cpus-per-task {cpus_per_task}: partition {partition_name!r} "
                         f"of site {site.name!r} has {node_cpus} CPUs per node")
     world = nodes * tasks
@@ -273,7 +270,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     line = launcher.line(LaunchRequest(
         executable=executable, world_size=world, nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
         mpi_plugin=profile.launcher.mpi_plugin, pmi_library=profile.mpi.pmi_library,
-        hostfile=HOSTFILES.get(profile.scheduler), single_host=profile.scheduler == "local",
+        hostfile=Verbatim(scheduler.hostfile) if scheduler.hostfile else None, single_host=scheduler.single_host,
         forward_env=forward, is_root=host.is_root, extra_args=profile.launcher.args,
         srun_container_args=srun_container_args))
     groups = [("site profile", site_env), ("launcher", line.env), ("hpcvod (docs/contract.md)", contract),

@@ -104,6 +104,11 @@ class Scheduler:
     # task's log with the scheduler's own placeholder for the index.
     array_index_var: ClassVar[str | None] = None
     array_output: ClassVar[str] = ""
+    # What the MPI launcher inside the job is handed: the shell text naming the host list file the rendered
+    # script has (None: the launcher finds the hosts itself, as srun does), and whether all ranks run on this
+    # one machine (local: no hosts, and the node's CPU count is no limit).
+    hostfile: ClassVar[str | None] = None
+    single_host: ClassVar[bool] = False
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -141,6 +141,7 @@ class LocalScheduler(Scheduler):
     poll_seconds = 0.2
     job_id_pattern = re.compile(r"local-[1-9][0-9]{0,6}")  # local-PID
     job_id_example = "local-12345"
+    single_host = True
     refusal_hints = dict.fromkeys(option_names(), "it runs jobs on this machine, without a batch scheduler")
 
     @staticmethod

@@ -91,6 +91,7 @@ class PbsScheduler(Scheduler):
                      "constraint": "ask for a host resource with --sched-opt 'l=RESOURCE=VALUE'",
                      "nodelist": "Slurm only", "exclude": "Slurm only"}
     array_index_var = "PBS_ARRAY_INDEX"
+    hostfile = '"$PBS_NODEFILE"'
     array_output = "output.^array_index^.log"
 
     def directives(self, plan: JobRequest) -> list[str]:

@@ -124,6 +124,7 @@ class SgeScheduler(Scheduler):
                      "mem_per_gpu": "Slurm only", "qos": "Slurm only", "nodelist": "Slurm only",
                      "exclude": "Slurm only", "constraint": "ask for a complex with --sched-opt 'l=NAME=VALUE'"}
     array_index_var = "SGE_TASK_ID"
+    hostfile = '"$HPCVOD_JOB_DIR/hostfile"'  # sge.j2 writes it from $PE_HOSTFILE
     array_output = "output.$TASK_ID.log"
 
     def directives(self, plan: JobRequest) -> list[str]:
