@@ -1,7 +1,7 @@
 """Horovod's ``horovod.tensorflow`` API for TensorFlow 2 (public import point: ``import hpcvod.tensorflow as hvd``).
 
-TF1 graph-mode pieces (``BroadcastGlobalVariablesHook``, ``broadcast_global_variables``, ``tf.compat.v1``
-optimizers) are not provided: docs/drop-in.md.
+TF v1 graph mode through ``tf.compat.v1`` (``BroadcastGlobalVariablesHook``, ``broadcast_global_variables``,
+``tf.compat.v1.train`` optimizers in ``DistributedOptimizer``) is in compat_v1.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from hpcvod.frameworks._common import runtime_basics as _runtime_basics
 
 globals().update(_runtime_basics())
 
+from hpcvod.frameworks.tensorflow import compat_v1 as _compat_v1  # noqa: E402
+from hpcvod.frameworks.tensorflow.compat_v1 import (  # noqa: E402,F401
+    BroadcastGlobalVariablesHook, broadcast_global_variables,
+)
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor  # noqa: E402,F401
 from hpcvod.frameworks.tensorflow.functions import (  # noqa: E402,F401
     allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables,
@@ -35,16 +39,23 @@ def DistributedOptimizer(optimizer: _Any, name: str | None = None, use_locking: 
                          num_groups: int = 0, groups: _Any = None, process_set: _Any = None,
                          scale_local_gradients: bool = True) -> _Any:
     """Horovod's ``horovod.tensorflow.DistributedOptimizer`` signature for a Keras 3 optimizer: the Keras
-    ``DistributedOptimizer`` (Horovod does the same for Keras optimizers). ``use_locking`` is TF1's; TF1
-    optimizers are not supported (docs/drop-in.md)."""
+    ``DistributedOptimizer`` (Horovod does the same for Keras optimizers); for a ``tf.compat.v1.train``
+    optimizer the TF v1 graph-mode wrapper (compat_v1.py), where ``use_locking`` applies."""
+    process_set = global_process_set if process_set is None else process_set  # noqa: F821 (runtime basics)
+    if _compat_v1.is_legacy_optimizer(optimizer):
+        return _compat_v1.DistributedOptimizer(
+            optimizer, name=name, use_locking=use_locking, compression=compression, sparse_as_dense=sparse_as_dense,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+            process_set=process_set, scale_local_gradients=scale_local_gradients)
     from hpcvod.frameworks.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
     return keras_distributed_optimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
-        process_set=global_process_set if process_set is None else process_set,  # noqa: F821 (runtime basics)
-        scale_local_gradients=scale_local_gradients)
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
 
 
 def __getattr__(name: str) -> _Any:

@@ -11,10 +11,11 @@ XLA cannot compile Python ops: compile Keras models with ``jit_compile=False`` (
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -131,6 +132,19 @@ def _failed_precondition(label: str) -> tf.Tensor:
 
 # The last hpcvod op built in each TF1-style graph, and whether it has run yet (see _graph_op).
 _last_op: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_outside_chain = [0]   # > 0 while unchained_graph_ops() is active
+
+
+@contextlib.contextmanager
+def unchained_graph_ops() -> Iterator[None]:
+    """TF1 collectives built inside stay out of the chain (see _graph_op): for an op run on its own, such as
+    ``broadcast_global_variables`` run by a hook at session start, before the training ops built earlier ever run
+    (chained, it would wait for them and need their feeds)."""
+    _outside_chain[0] += 1
+    try:
+        yield
+    finally:
+        _outside_chain[0] -= 1
 
 
 def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType], label: str) -> list[Any]:
@@ -155,7 +169,7 @@ def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[
         return outs + [tf.constant(0)]
 
     graph = tf.compat.v1.get_default_graph()
-    chained = not isinstance(graph, _FuncGraph)
+    chained = not isinstance(graph, _FuncGraph) and not _outside_chain[0]
     previous, previous_ran = _last_op.get(graph, (None, [True]))
     with tf.control_dependencies([previous] if chained and not previous_ran[0] else []):
         outs = tf.py_function(body, inputs, list(out_dtypes) + [tf.int32])
