@@ -47,10 +47,10 @@ def as_array(tensor: Any, *, writable: bool = False, what: str = "tensor") -> np
     elif hasattr(tensor, "__array_interface__") or hasattr(tensor, "__array_struct__"):
         a = np.asarray(tensor)
     elif gpu.is_device_buffer(tensor):
-        # Only allreduce and broadcast run on device memory (NCCL); the others take a host copy.
+        # Collectives run on device memory where they can (NCCL); what reaches this takes a host copy.
         if writable:
             raise HpcvodInputError(f"{what}: this in-place collective cannot write into GPU memory; only "
-                                   f"allreduce_ and broadcast_ run on device buffers")
+                                   f"allreduce_ and broadcast_ run in place on device buffers")
         return gpu.probe()[0].asnumpy(gpu.device_array(tensor))
     elif hasattr(tensor, "__dlpack__") and not isinstance(tensor, (list, tuple)):
         try:
@@ -408,7 +408,20 @@ def _plain_handle(kind: int, tensor: Any, name: Optional[str], process_set: Proc
     return h
 
 
+def _device_input(tensor: Any, what: str) -> Any:
+    """A contiguous CuPy view (or copy) of a device buffer, or None for host memory: allgather, alltoall and
+    reducescatter of device buffers run on the device (runtime/nccl.py), their signatures marked DEVICE so that
+    a device request never pairs with a host one."""
+    if tensor.__class__ is not _ndarray and gpu.is_device_buffer(tensor):
+        return _device_view(tensor, False, what)
+    return None
+
+
 def _allgather_handle(tensor: Any, name: Optional[str], process_set: ProcessSet) -> Handle:
+    d = _device_input(tensor, "allgather")
+    if d is not None:
+        d = d.reshape(1) if d.ndim == 0 else d
+        return _on_device(_plain_handle(K.ALLGATHER, tensor, name, process_set, (d.shape[1:], K.DEVICE), d))
     a = as_array(tensor)
     if a.ndim == 0:
         a = a.reshape(1)
@@ -504,10 +517,12 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,
 
 def _alltoall_handle(tensor: Any, splits: Any, name: Optional[str], process_set: ProcessSet) -> Handle:
     lane = _lane_of(process_set)
-    a = as_array(tensor)
+    d = _device_input(tensor, "alltoall")
+    a = d if d is not None else as_array(tensor)
     if a.ndim == 0:
         raise HpcvodInputError("alltoall: the tensor needs at least one dimension")
-    a, _ = _contiguous_work(a, False)
+    if d is None:
+        a, _ = _contiguous_work(a, False)
     n = lane.size
     if splits is None:
         if a.shape[0] % n:
@@ -519,7 +534,10 @@ def _alltoall_handle(tensor: Any, splits: Any, name: Optional[str], process_set:
         if s.shape != (n,) or (s < 0).any() or int(s.sum()) != a.shape[0]:
             raise HpcvodInputError(f"alltoall: splits must be {n} non-negative integers summing to the first "
                                    f"dimension {a.shape[0]}, got {s.tolist()}")
-    h = _plain_handle(K.ALLTOALL, tensor, name, process_set, (a.shape[1:],), a)
+    tail = (a.shape[1:], K.DEVICE) if d is not None else (a.shape[1:],)
+    h = _plain_handle(K.ALLTOALL, tensor, name, process_set, tail, a)
+    if d is not None:
+        _on_device(h)
     h.splits = np.ascontiguousarray(s)
     if splits is None:
         h.finish = _first_of_pair
@@ -554,20 +572,25 @@ def _reducescatter_handle(tensor: Any, name: Optional[str], op: Optional[int], p
                           prescale_factor: float, postscale_factor: float,
                           compression: type[Compressor]) -> Handle:
     lane = _lane_of(process_set)
-    a = as_array(tensor)
+    d = _device_input(tensor, "reducescatter") if compression is Compression.none else None
+    a = d if d is not None else as_array(tensor)
     if a.ndim == 0:
         raise HpcvodInputError("reducescatter: the tensor needs at least one dimension")
     finish = None
-    if compression is not Compression.none:
+    if d is None and compression is not Compression.none:   # (compressed reducescatters stay on the host)
         compressed, ctx = compression.compress(a)
         if compressed is not a:
             finish = _decompress_into(compression, ctx, None)
             a = compressed
-    a, _ = _contiguous_work(a, False)
+    if d is None:
+        a, _ = _contiguous_work(a, False)
     op = _resolve_op(op, None)
     mpi_op = mpi_reduce_op(op, a.dtype)
     pre, post = float(prescale_factor), float(postscale_factor)
-    h = _plain_handle(K.REDUCESCATTER, tensor, name, process_set, (a.shape, op, pre, post), a)
+    tail = (a.shape, op, pre, post) + ((K.DEVICE,) if d is not None else ())
+    h = _plain_handle(K.REDUCESCATTER, tensor, name, process_set, tail, a)
+    if d is not None:
+        _on_device(h)
     h.mpi_op = mpi_op
     h.prescale = pre
     h.postscale = post / lane.size if op == AVERAGE else post

@@ -1141,10 +1141,9 @@ class Lane:
         for h in hs:
             kind = h.kind
             if h.device:
-                if kind == K.BROADCAST:
-                    self._devices().broadcast(h)
-                else:
-                    self._devices().staged(h)
+                ops = self._devices()
+                run = getattr(ops, _DEVICE_RUNS[kind]) if kind in _DEVICE_RUNS else ops.staged
+                run(h)
                 continue
             if kind == K.ALLGATHER:
                 continue
@@ -1242,6 +1241,10 @@ class Lane:
             scale_into(out, h.postscale, out)
         h.result = out
 
+
+# The device executor's method for each kind it runs on NCCL (others are staged through host memory).
+_DEVICE_RUNS = {K.BROADCAST: "broadcast", K.ALLGATHER: "allgather", K.ALLTOALL: "alltoall",
+                K.REDUCESCATTER: "reducescatter"}
 
 _bit_of = operator.attrgetter("entry.bit")
 

@@ -165,10 +165,10 @@ class DeviceOps:
                 flat = self._flat(nbytes, first.tensor.dtype, all(h.output is h.tensor for h in group))
                 cp.concatenate([h.tensor.reshape(-1) for h in group], out=flat)
             if first.prescale != 1.0:
-                cp.multiply(flat, first.prescale, out=flat, casting="unsafe")
+                flat[...] = scale_on_device(cp, flat, first.prescale)
             self._allreduce_flat(flat, first.sig[3], stream)
             if first.postscale != 1.0:
-                cp.multiply(flat, first.postscale, out=flat, casting="unsafe")
+                flat[...] = scale_on_device(cp, flat, first.postscale)
             offset = 0
             for h in group:
                 n = h.tensor.size
@@ -220,6 +220,109 @@ class DeviceOps:
         h.result = target
         h.done = True
 
+    # ------------------------------------------------------- allgather, alltoall, reducescatter (bytes)
+    def _host_counts(self, mine: "np.ndarray | list[int]") -> np.ndarray:
+        """Every member's row counts (one small host allgather over the lane's MPI communicator)."""
+        from mpi4py import MPI
+        mine = np.ascontiguousarray(mine, np.int64)
+        everyone = np.empty((self.lane.size, mine.size), np.int64)
+        self.lane.comm.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        return everyone
+
+    def allgather(self, h: Any) -> None:
+        """Every member's rows, concatenated in rank order (first dimensions may differ): one ncclAllGather when
+        they agree, else one ncclBroadcast per member in a group."""
+        if self.backend == "mpi":
+            self.staged(h)
+            return
+        cp, nccl = self.cupy, self._nccl_mod
+        a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
+        rows = self._host_counts([a.shape[0]])[:, 0]
+        row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+        with self._stream(h.stream):
+            out = cp.empty((int(rows.sum()),) + a.shape[1:], a.dtype)
+            send = cp.ascontiguousarray(a)
+        comm = self.comm
+        if (rows == rows[0]).all():
+            comm.allGather(send.data.ptr, out.data.ptr, int(rows[0]) * row_bytes, nccl.NCCL_UINT8, h.stream)
+        else:
+            offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]) * row_bytes
+            nccl.groupStart()
+            for r, (count, offset) in enumerate(zip(rows, offsets)):
+                comm.broadcast(send.data.ptr, out.data.ptr + int(offset), int(count) * row_bytes,
+                               nccl.NCCL_UINT8, r, h.stream)
+            nccl.groupEnd()
+        self._finish(h.stream)
+        h.result = out
+        h.done = True
+
+    def alltoall(self, h: Any) -> None:
+        """Rows ``splits[r]`` to member r, through ncclSend/ncclRecv pairs in one group; the result is
+        ``(output, received splits)`` like the host path."""
+        if self.backend == "mpi":
+            self.staged(h)
+            return
+        cp, nccl = self.cupy, self._nccl_mod
+        a = h.tensor
+        size, me = self.lane.size, self.lane.rank
+        received = self._host_counts(h.splits)[:, me].copy()
+        row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+        with self._stream(h.stream):
+            out = cp.empty((int(received.sum()),) + a.shape[1:], a.dtype)
+            send = cp.ascontiguousarray(a)
+        send_off = np.concatenate([[0], np.cumsum(h.splits)[:-1]]) * row_bytes
+        recv_off = np.concatenate([[0], np.cumsum(received)[:-1]]) * row_bytes
+        comm = self.comm
+        nccl.groupStart()
+        for r in range(size):
+            if h.splits[r]:
+                comm.send(send.data.ptr + int(send_off[r]), int(h.splits[r]) * row_bytes, nccl.NCCL_UINT8, r,
+                          h.stream)
+            if received[r]:
+                comm.recv(out.data.ptr + int(recv_off[r]), int(received[r]) * row_bytes, nccl.NCCL_UINT8, r,
+                          h.stream)
+        nccl.groupEnd()
+        self._finish(h.stream)
+        h.result = (out, received)
+        h.done = True
+
+    def reducescatter(self, h: Any) -> None:
+        """The first dimension split as the host path splits it (the first ``dim0 % size`` members one row
+        more): one ncclReduceScatter when the split is even, else one ncclReduce per member in a group."""
+        if self.backend == "mpi":
+            self.staged(h)
+            return
+        cp, nccl = self.cupy, self._nccl_mod
+        a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
+        size, me = self.lane.size, self.lane.rank
+        base, extra = divmod(a.shape[0], size)
+        rows = [base + (1 if r < extra else 0) for r in range(size)]
+        per_row = int(np.prod(a.shape[1:], dtype=np.int64))
+        dtype, op = self._types(a.dtype, h.sig[3])
+        with self._stream(h.stream):
+            send = cp.ascontiguousarray(a)
+            if h.prescale != 1.0:
+                send = scale_on_device(cp, send, h.prescale)
+            out = cp.empty((rows[me],) + a.shape[1:], a.dtype)
+        comm = self.comm
+        if extra == 0:
+            comm.reduceScatter(send.data.ptr, out.data.ptr, base * per_row, dtype, op, h.stream)
+        else:
+            offset = 0
+            nccl.groupStart()
+            for r in range(size):
+                target = out.data.ptr if r == me else send.data.ptr + offset * a.itemsize
+                comm.reduce(send.data.ptr + offset * a.itemsize, target, rows[r] * per_row, dtype, op, r,
+                            h.stream)
+                offset += rows[r] * per_row
+            nccl.groupEnd()
+        if h.postscale != 1.0:
+            with self._stream(h.stream):
+                out = scale_on_device(cp, out, h.postscale)
+        self._finish(h.stream)
+        h.result = out
+        h.done = True
+
     # ------------------------------------------------------------------------------- staging
     def staged(self, h: Any) -> None:
         """Any device request through host memory: copy in, run the lane's host code, copy the result back.
@@ -250,6 +353,15 @@ class DeviceOps:
         else:
             h.result = result
         h.done = True
+
+
+def scale_on_device(cp: Any, a: Any, factor: float) -> Any:
+    """``factor * a`` in Horovod's precision (engine.scale_into's rule): float16/float32 in float32, the rest in
+    float64, the result in ``a``'s dtype."""
+    work = np.float32 if a.dtype.kind == "f" and a.dtype.itemsize <= 4 else np.float64
+    if a.dtype.kind not in "fiu":
+        return a * factor
+    return (a.astype(work) * work(factor)).astype(a.dtype)
 
 
 class _NcclPrimitives:

@@ -50,9 +50,47 @@ b = cp.full(33, rank, cp.float64)
 hvd.broadcast_(b, root_rank=size - 1, name="bcast_")
 same("broadcast_", b, np.full(33, size - 1))
 same("broadcast", hvd.broadcast(cp.arange(10) * (rank + 1), root_rank=0, name="bcast"), np.arange(10))
-# allgather of device memory takes a host copy (documented)
-same("allgather", hvd.allgather(cp.full((2, 2), rank, cp.float32), name="ag"),
+# allgather, alltoall and reducescatter run on the device too: results stay device arrays
+def on_device(what: str, got):
+    global checks
+    assert isinstance(got, cp.ndarray), f"rank {rank}: {what} came back as {type(got).__name__}"
+    checks += 1
+    return got
+
+
+same("allgather", on_device("allgather", hvd.allgather(cp.full((2, 2), rank, cp.float32), name="ag")),
      np.repeat(np.arange(size), 2)[:, None] * np.ones((1, 2)))
+# different first dimensions: rank r gives r + 1 rows
+same("allgather uneven", on_device("allgather uneven", hvd.allgather(cp.full((rank + 1, 3), rank, cp.int64),
+                                                                     name="ag.uneven")),
+     np.concatenate([np.full((r + 1, 3), r) for r in range(size)]))
+outs = hvd.grouped_allgather([cp.full(2, rank, cp.float16), cp.full((rank + 1,), rank, cp.float32)], name="gag")
+same("grouped allgather 0", on_device("grouped allgather", outs[0]), np.repeat(np.arange(size), 2))
+same("grouped allgather 1", outs[1], np.concatenate([np.full(r + 1, r) for r in range(size)]))
+# alltoall: r + 1 rows to rank r, and equal splits
+sent = cp.asarray(np.concatenate([np.full((d + 1, 2), 10.0 * rank + d) for d in range(size)]).astype(np.float32))
+got, received = hvd.alltoall(sent, splits=[d + 1 for d in range(size)], name="a2a.splits")
+same("alltoall splits", on_device("alltoall", got), np.concatenate([np.full((rank + 1, 2), 10.0 * r + rank)
+                                                                    for r in range(size)]))
+assert list(np.asarray(received)) == [rank + 1] * size, received
+same("alltoall equal", on_device("alltoall equal", hvd.alltoall(cp.arange(2 * size, dtype=cp.int32) + 100 * rank,
+                                                                name="a2a.equal")),
+     np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(size)]))
+# reducescatter: an even split, an uneven one (first dim0 % size ranks get a row more), scaling, float16
+x = cp.asarray(np.arange(4 * size * 3, dtype=np.float32).reshape(4 * size, 3) + rank)
+full = sum(np.arange(4 * size * 3, dtype=np.float64).reshape(4 * size, 3) + r for r in range(size))
+same("reducescatter even", on_device("reducescatter", hvd.reducescatter(x, op=hvd.Sum, name="rs.even")),
+     full[4 * rank:4 * rank + 4])
+rows = [(2 * size + 1) // size + (1 if r < (2 * size + 1) % size else 0) for r in range(size)]
+y = cp.asarray(np.ones((2 * size + 1, 2), np.float64) * (rank + 1))
+start = sum(rows[:rank])
+same("reducescatter uneven", hvd.reducescatter(y, op=hvd.Average, name="rs.uneven"),
+     np.full((rows[rank], 2), ranks_sum / size))
+same("reducescatter scaled", hvd.reducescatter(cp.ones((size, 4), cp.float16), op=hvd.Sum, prescale_factor=0.5,
+                                               postscale_factor=3.0, name="rs.scaled"), np.full((1, 4), 1.5 * size))
+outs = hvd.grouped_reducescatter([x, y], op=hvd.Sum, name="grs")
+same("grouped reducescatter 0", on_device("grouped reducescatter", outs[0]), full[4 * rank:4 * rank + 4])
+same("grouped reducescatter 1", outs[1], np.full((rows[rank], 2), ranks_sum))
 # a device tensor on one rank and a host array on another under the same name: a mismatch on every rank
 if size > 1:
     mixed = cp.ones(8, cp.float32) if rank == 0 else np.ones(8, np.float32)

@@ -24,6 +24,11 @@ _DTYPES = {NCCL_INT8: np.int8, NCCL_UINT8: np.uint8, NCCL_INT32: np.int32, NCCL_
            NCCL_FLOAT64: np.float64}
 
 
+def MPI_IN_PLACE() -> Any:
+    from mpi4py import MPI
+    return MPI.IN_PLACE
+
+
 def get_version() -> int:
     return 0
 
@@ -36,6 +41,24 @@ def _view(ptr: int, count: int, dtype: int) -> np.ndarray:
     dt = np.dtype(_DTYPES[dtype])
     raw = (ctypes.c_char * (count * dt.itemsize)).from_address(ptr)
     return np.frombuffer(raw, dtype=dt, count=count)
+
+
+_group: list = []          # point-to-point calls between groupStart and groupEnd (run together at groupEnd)
+_group_depth = [0]
+
+
+def groupStart() -> None:
+    _group_depth[0] += 1
+
+
+def groupEnd() -> None:
+    """NCCL starts a group's sends and receives together; MPI's non-blocking calls do the same here."""
+    _group_depth[0] -= 1
+    if _group_depth[0] == 0 and _group:
+        from mpi4py import MPI
+        requests = [start() for start in _group]
+        _group.clear()
+        MPI.Request.Waitall(requests)
 
 
 def _mpi_op(op: int) -> Any:
@@ -82,6 +105,35 @@ class NcclCommunicator:
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
         n = self._comm.Get_size()
         self._comm.Allgather(_view(sendbuf, count, datatype), _view(recvbuf, count * n, datatype))
+
+    def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int, stream: int) -> None:
+        recv = _view(recvbuf, count, datatype)
+        if self._comm.Get_rank() == root and sendbuf != recvbuf:
+            recv[...] = _view(sendbuf, count, datatype)
+        self._comm.Bcast(recv, root)
+
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
+               stream: int) -> None:
+        send = _view(sendbuf, count, datatype)
+        if self._comm.Get_rank() == root:
+            self._comm.Reduce(MPI_IN_PLACE() if sendbuf == recvbuf else send, _view(recvbuf, count, datatype),
+                              _mpi_op(op), root)
+        else:
+            self._comm.Reduce(send, None, _mpi_op(op), root)
+
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        buf = _view(sendbuf, count, datatype)
+        self._p2p(lambda: self._comm.Isend(buf, peer, tag=77))
+
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        buf = _view(recvbuf, count, datatype)
+        self._p2p(lambda: self._comm.Irecv(buf, peer, tag=77))
+
+    def _p2p(self, start: Any) -> None:
+        if _group_depth[0]:
+            _group.append(start)
+        else:
+            start().Wait()
 
     def destroy(self) -> None:
         self._comm.Free()
