@@ -19,7 +19,7 @@ from hpcvod.jobs.host import HostFacts
 from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.shell import Verbatim, safe_name
 from hpcvod.jobs.spec import ENV_KEY, JobSpec, parse_time
-from hpcvod.launchers import LaunchRequest, launcher_for
+from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
 from hpcvod.sites.errors import UserError
@@ -28,7 +28,8 @@ from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seconds
 
 # Set by the script from the plan (docs/contract.md); --env may not override them.
-CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX")
+CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX",
+                "HPCVOD_MPI_FLAVOUR")
 ARRAY_INDEX_ENV = "HPCVOD_ARRAY_INDEX"  # an array task's index, whatever the scheduler (docs/contract.md)
 
 
@@ -223,6 +224,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         raise UserError(f"--container {image!r}: site {site.name!r} has no container runtime (container.runtime)")
     python = profile.container.python if image else (profile.python or host.python)
     program = _program_argv(spec, site, host, python)
+    # the line labeller runs where the launcher starts the rank: inside a pyxis container, outside a wrapped one
+    label_python = python if not image or runtime == "pyxis" else (profile.python or host.python)
     srun_container_args: list[str] = []
     if image and runtime == "pyxis":
         srun_container_args = [f"--container-image={image}"]
@@ -262,7 +265,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
             raise UserError(f"--env {key}: given both as KEY=VALUE and as a secret KEY; choose one")
         if key in site_env:  # the script's export of the site's value would hide the secret
             raise UserError(f"--env {key}: site {site.name!r} sets it in the script already; choose another name")
-    contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name}
+    contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name,
+                "HPCVOD_MPI_FLAVOUR": flavour}  # hvd.init() checks the MPI it loads against it
     forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array_index_var else []), *user_env,
                *secret_env]
 
@@ -282,7 +286,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         scheduler_job_name=safe_name(job_name), nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
         gpus_per_node=gpus, gpu_type=part.gpu_type, world_size=world, partition=partition_name,
         time_seconds=seconds, account=account, workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
-        launch_argv=tuple(line.argv), program_argv=tuple(program), env_groups=env_groups,
+        launch_argv=tuple(line.argv) + tuple(label_argv(label_python)), program_argv=tuple(program),
+        env_groups=env_groups,
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
         directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command),
         secret_env=secret_env, options=options, array_index_var=array_index_var,

@@ -61,10 +61,11 @@ class Launcher:
         raise NotImplementedError
 
 
-def labelled(python: str, program: Sequence[str]) -> list[str]:
-    """``program`` run through the line labeller (hpcvod.launchers.label) by ``python``, which must import hpcvod:
-    every line it prints reaches the launcher as ``[RANK]<stdout>: ...`` or ``[RANK]<stderr>: ...``."""
-    return [python, "-m", "hpcvod.launchers.label", "--", *program]
+def label_argv(python: str) -> list[str]:
+    """The words that run a rank's program through the line labeller (hpcvod.launchers.label), by ``python``,
+    which must import hpcvod: every line the program prints reaches the launcher as ``[RANK]<stdout>: ...`` or
+    ``[RANK]<stderr>: ...``. They go between the launcher's words and the program's."""
+    return [python, "-m", "hpcvod.launchers.label", "--"]
 
 
 def launcher_for(kind: str, flavour: str) -> Launcher:
@@ -82,4 +83,4 @@ def launcher_for(kind: str, flavour: str) -> Launcher:
     return HydraLauncher(flavour)
 
 
-__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "launcher_for", "labelled", "without_outer_launch", "Verbatim"]
+__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "label_argv", "launcher_for", "without_outer_launch", "Verbatim"]

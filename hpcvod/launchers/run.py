@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpcvod.jobs.shell import shell_join
 from hpcvod.jobs.spec import parse_env
-from hpcvod.launchers import LaunchRequest, labelled, launcher_for, without_outer_launch
+from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
 from hpcvod.sites.errors import UserError
 
@@ -132,7 +132,9 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
         raise UserError(str(err)) from None
     program = rank_python(program)
 
-    settings = {"HPCVOD_WORLD_SIZE": str(args.np), **runtime_settings(args), **dict(parse_env(args.env))}
+    # the ranks check the MPI they load against the launcher's (docs/contract.md)
+    settings = {"HPCVOD_WORLD_SIZE": str(args.np), "HPCVOD_MPI_FLAVOUR": mpi.flavour, **runtime_settings(args),
+                **dict(parse_env(args.env))}
     env = without_outer_launch(os.environ)
     env.update(settings)
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -151,7 +153,7 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
             # one machine: shared memory only; Open MPI starts ~1 s faster than when it probes UCX (FACTS.md)
             env.setdefault("OMPI_MCA_pml", "ob1")
             env.setdefault("OMPI_MCA_btl", "self,sm")
-        argv = list(line.argv) + labelled(sys.executable, program)
+        argv = list(line.argv) + label_argv(sys.executable) + program
         if args.verbose:
             shown = " ".join(f"{k}={v}" for k, v in {**settings, **line.env}.items())
             print(f"hpcvod run: {mpi.flavour} ({mpi.evidence})\nhpcvod run: {shown} {shell_join(argv)}",

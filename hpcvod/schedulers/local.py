@@ -188,6 +188,8 @@ class LocalScheduler(Scheduler):
         pid = record.get("pid") or int(job_id.removeprefix("local-"))
         if record and _why_not_the_job(pid, record) is None:
             return JobStatus(RUNNING, raw=f"pid {pid} running", source="/proc")
+        if read_exit_file(job_dir) is not None:  # it wrote its exit status and ended since the first look
+            return self.status(job_id, job_dir)
         if cancelled:
             return JobStatus(CANCELLED, raw=f"pid {pid} ended", reason="cancelled", source="cancel marker")
         if job_dir is None:

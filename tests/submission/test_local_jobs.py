@@ -94,8 +94,8 @@ def test_cancel_sleeping_job(workdir):
         while (not (job_dir / "output.log").exists() or
                (job_dir / "output.log").read_text().count("sleeping") < 2) and time.monotonic() < deadline:
             time.sleep(0.1)
-        pids = [int(line.split()[1]) for line in (job_dir / "output.log").read_text().splitlines()
-                if line.startswith("sleeping")]
+        pids = [int(line.split()[-1]) for line in (job_dir / "output.log").read_text().splitlines()
+                if "<stdout>: sleeping" in line]  # [rank]<stdout>: sleeping PID
         assert len(pids) == 2, (job_dir / "output.log").read_text()
         status = json.loads(hpcvod("status", "--json", sub["job_id"], cwd=workdir, env=env).stdout)
         assert status["state"] == "RUNNING"
@@ -196,7 +196,7 @@ def test_logs_follow_until_the_job_ends(workdir):
     sub = _submit(workdir, "--tasks-per-node", "1", "ticks.py")
     done = hpcvod("logs", "-f", sub["job_id"], cwd=workdir, env=clean_env(workdir))
     assert done.returncode == 0, done.stderr
-    assert [l for l in done.stdout.splitlines() if l.startswith("tick")] == [f"tick {i}" for i in range(5)]
+    assert [l for l in done.stdout.splitlines() if "tick" in l] == [f"[0]<stdout>: tick {i}" for i in range(5)]
 
 
 def test_wait_shows_one_live_line_on_a_terminal(workdir):

@@ -20,10 +20,11 @@ export NCCL_IB_DISABLE=1
 export HPCVOD_SITE=local
 export HPCVOD_WORLD_SIZE=8
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=intelmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
 
 cd /tmp/hpcvod-golden-workdir
-/opt/intel/mpi/bin/mpiexec -n 8 \
+/opt/intel/mpi/bin/mpiexec -n 8 /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'

@@ -26,10 +26,11 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HPCVOD_SITE=local
 export HPCVOD_WORLD_SIZE=8
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=openmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
 
 cd /tmp/hpcvod-golden-workdir
-/opt/openmpi/bin/mpiexec -n 8 --oversubscribe \
+/opt/openmpi/bin/mpiexec -n 8 --oversubscribe /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'

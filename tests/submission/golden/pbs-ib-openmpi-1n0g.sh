@@ -35,10 +35,11 @@ export UCX_NET_DEVICES=mlx5_0:1
 export HPCVOD_SITE=pbs-ib-openmpi
 export HPCVOD_WORLD_SIZE=64
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=openmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
 
 cd /tmp/hpcvod-golden-workdir
-mpirun -n 64 --map-by ppr:64:node --hostfile "$PBS_NODEFILE" -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG -x OMPI_MCA_pml -x UCX_NET_DEVICES -x HPCVOD_SITE -x HPCVOD_WORLD_SIZE -x HPCVOD_JOB_NAME -x HPCVOD_JOB_DIR -x MY_SETTING \
+mpirun -n 64 --map-by ppr:64:node --hostfile "$PBS_NODEFILE" -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG -x OMPI_MCA_pml -x UCX_NET_DEVICES -x HPCVOD_SITE -x HPCVOD_WORLD_SIZE -x HPCVOD_JOB_NAME -x HPCVOD_MPI_FLAVOUR -x HPCVOD_JOB_DIR -x MY_SETTING /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'

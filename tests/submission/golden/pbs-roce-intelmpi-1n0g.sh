@@ -37,10 +37,11 @@ export I_MPI_HYDRA_BOOTSTRAP=ssh
 export HPCVOD_SITE=pbs-roce-intelmpi
 export HPCVOD_WORLD_SIZE=64
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=intelmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
 
 cd /tmp/hpcvod-golden-workdir
-mpiexec -n 64 -ppn 64 -f "$PBS_NODEFILE" \
+mpiexec -n 64 -ppn 64 -f "$PBS_NODEFILE" /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'

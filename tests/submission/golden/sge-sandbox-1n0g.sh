@@ -28,6 +28,7 @@ export NCCL_IB_DISABLE=1
 export HPCVOD_SITE=sge-sandbox
 export HPCVOD_WORLD_SIZE=4
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=mpich
 
 # environment: --env
 export MY_SETTING='a b;c'
@@ -36,5 +37,5 @@ export MY_SETTING='a b;c'
 awk '{ for (i = 0; i < $2; i++) print $1 }' "$PE_HOSTFILE" > "$HPCVOD_JOB_DIR/hostfile"
 
 cd /tmp/hpcvod-golden-workdir
-/opt/mpich/bin/mpiexec -n 4 -ppn 4 -f "$HPCVOD_JOB_DIR/hostfile" \
+/opt/mpich/bin/mpiexec -n 4 -ppn 4 -f "$HPCVOD_JOB_DIR/hostfile" /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"'

@@ -44,6 +44,7 @@ export PMIX_MCA_psec=native
 export HPCVOD_SITE=slurm-ib-openmpi
 export HPCVOD_WORLD_SIZE=64
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=openmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
@@ -55,7 +56,7 @@ rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_D
 trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
 
 cd /tmp/hpcvod-golden-workdir
-srun --mpi=pmix --nodes=1 --ntasks=64 --ntasks-per-node=64 --cpus-per-task=1 --kill-on-bad-exit=1 \
+srun --mpi=pmix --nodes=1 --ntasks=64 --ntasks-per-node=64 --cpus-per-task=1 --kill-on-bad-exit=1 /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
 hpcvod_launcher=$!
 hpcvod_status=0

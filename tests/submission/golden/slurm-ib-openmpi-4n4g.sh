@@ -45,6 +45,7 @@ export PMIX_MCA_psec=native
 export HPCVOD_SITE=slurm-ib-openmpi
 export HPCVOD_WORLD_SIZE=16
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=openmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
@@ -56,7 +57,7 @@ rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_D
 trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
 
 cd /tmp/hpcvod-golden-workdir
-srun --mpi=pmix --nodes=4 --ntasks=16 --ntasks-per-node=4 --cpus-per-task=16 --kill-on-bad-exit=1 \
+srun --mpi=pmix --nodes=4 --ntasks=16 --ntasks-per-node=4 --cpus-per-task=16 --kill-on-bad-exit=1 /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
 hpcvod_launcher=$!
 hpcvod_status=0

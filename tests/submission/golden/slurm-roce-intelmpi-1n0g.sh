@@ -45,6 +45,7 @@ export I_MPI_PMI_LIBRARY=/usr/lib/x86_64-linux-gnu/libpmi2.so.0
 export HPCVOD_SITE=slurm-roce-intelmpi
 export HPCVOD_WORLD_SIZE=96
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=intelmpi
 
 # environment: --env
 export MY_SETTING='a b;c'
@@ -56,7 +57,7 @@ rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_D
 trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
 
 cd /tmp/hpcvod-golden-workdir
-srun --mpi=pmi2 --nodes=1 --ntasks=96 --ntasks-per-node=96 --cpus-per-task=1 --kill-on-bad-exit=1 \
+srun --mpi=pmi2 --nodes=1 --ntasks=96 --ntasks-per-node=96 --cpus-per-task=1 --kill-on-bad-exit=1 /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
 hpcvod_launcher=$!
 hpcvod_status=0

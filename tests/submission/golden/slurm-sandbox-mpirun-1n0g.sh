@@ -33,6 +33,7 @@ export FI_PROVIDER=tcp
 export HPCVOD_SITE=slurm-sandbox-mpirun
 export HPCVOD_WORLD_SIZE=2
 export HPCVOD_JOB_NAME=train
+export HPCVOD_MPI_FLAVOUR=mpich
 
 # environment: --env
 export MY_SETTING='a b;c'
@@ -44,7 +45,7 @@ rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_D
 trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
 
 cd /tmp/hpcvod-golden-workdir
-/opt/mpich/bin/mpiexec -n 2 -ppn 2 \
+/opt/mpich/bin/mpiexec -n 2 -ppn 2 /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
 hpcvod_launcher=$!
 hpcvod_status=0
