@@ -2,10 +2,11 @@
 
   hpcvod submit [OPTIONS] SCRIPT [ARGS...]    render a batch script for the site and submit it
   hpcvod render [OPTIONS] [-o FILE] SCRIPT    write the script without submitting
-  hpcvod status|logs [-f]|cancel JOB          JOB = job id or job folder
+  hpcvod status [--wait]|logs [-f] [--rank N]|cancel JOB    JOB = job id or job folder
+  hpcvod jobs [--json]                        the job folders here, newest first, and where each job stands
   hpcvod sites list|show NAME|validate FILE...|schema
   hpcvod run -np N [...] COMMAND...           start ranks here (or on -H hosts), like horovodrun
-  hpcvod doctor                               what MPI, launcher and frameworks this machine has
+  hpcvod doctor [--site S]                    what MPI, launcher and frameworks this machine (and S's jobs) have
 
 Exit status: 0 success, 1 the job or the scheduler failed, 2 bad input (one line on stderr, no traceback).
 Nothing here imports MPI or a framework: submitting must stay fast on a login node.
@@ -109,9 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--site", help="site to ask when JOB is an id no job folder records")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p = sub.add_parser("logs", help="print a job's output")
+            p.add_argument("--wait", "-W", action="store_true", help="wait for the job to end (a live line on a "
+                           "terminal); exit 1 if it failed; Ctrl-C stops waiting, not the job")
+    p = sub.add_parser("logs", help="print a job's output (each line labelled [RANK]<stdout|stderr>)")
     p.add_argument("job", metavar="JOB", help="job id or job folder")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends (also across "
+                   "a requeue)")
+    p.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N")
+    p = sub.add_parser("jobs", help="the job folders, newest first: name, id, site, state, submitted, elapsed, exit")
+    p.add_argument("--output-dir", metavar="DIR", action="append",
+                   help="where the job folders are (repeatable; default: $HPCVOD_JOBS_DIR, then ./hpcvod-jobs)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = sub.add_parser("sites", help="site profiles: list, show, validate, schema")
     sites = p.add_subparsers(dest="sites_command", metavar="ACTION", parser_class=_Parser)
@@ -141,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", dest="launcher", help="MPI launcher to use (default: the mpiexec beside this Python)")
     p.add_argument("--verbose", "-v", action="store_true", help="print the launch command before running it")
 
-    sub.add_parser("doctor", help="what MPI, launcher, mpi4py and frameworks this machine has")
+    p = sub.add_parser("doctor", help="what MPI, launcher, mpi4py and frameworks this machine has")
+    p.add_argument("--site", help="the site whose jobs to check (default: the one a submit from here would use)")
     return parser
 
 
@@ -201,9 +211,41 @@ def _print_json(data: object) -> None:
 # ---- commands ---------------------------------------------------------------------------------------------
 
 
+def job_mpi_check(plan) -> tuple[str | None, str]:
+    """(a one-line refusal or None, the comparison as `doctor` shows it): the MPI the job's Python loads with the
+    job's environment against the site's flavour, checked before anything is queued."""
+    from hpcvod.launchers import without_outer_launch
+    from hpcvod.launchers.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
+
+    promised = f"site {plan.site} launches {FLAVOUR_NAMES.get(plan.mpi_flavour, plan.mpi_flavour)}"
+    why_not = unknowable(plan.container, plan.modules, plan.setup)
+    python = job_python(plan.program_argv)
+    if why_not or python is None:
+        return None, f"{promised}; not checked here: {why_not or 'the job runs no Python'}"
+    found = job_mpi(python, {**without_outer_launch(os.environ), **plan.env})
+    problem = mismatch(plan.site, plan.mpi_flavour, found)
+    return problem, f"{promised}; the job's Python {found.describe()}"
+
+
+def _site_job_mpi(site) -> tuple[str | None, str]:
+    """`doctor`'s view of submit's MPI check: a job of ``site`` run from here (a .py script, the defaults)."""
+    import dataclasses
+    import tempfile
+
+    from hpcvod.jobs.host import detect_host
+    from hpcvod.jobs.plan import resolve
+    from hpcvod.jobs.spec import JobSpec
+
+    with tempfile.TemporaryDirectory(prefix="hpcvod-doctor-") as tmp:
+        (Path(tmp) / "train.py").write_text("")
+        plan = resolve(JobSpec(program="train.py"), site, dataclasses.replace(detect_host(), cwd=tmp))
+    return job_mpi_check(plan)
+
+
 def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
     from hpcvod.jobs.jobdir import DEFAULT_ROOT
-    from hpcvod.jobs.submission import follow_output, secret_values, submit_prepared, wait_for
+    from hpcvod.jobs.submission import secret_values, submit_prepared
+    from hpcvod.jobs.watch import follow_output
 
     prepared = _prepare(args, program, argv)
     secret_values(prepared.plan.secret_env)  # a secret not set here is refused by a dry run too
@@ -213,16 +255,17 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
         else:
             sys.stdout.write(prepared.script)
         return EXIT_OK
+    problem, _ = job_mpi_check(prepared.plan)
+    if problem:
+        raise UserError(problem)  # before the job waits in a queue only to start N one-rank worlds
     ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT))
     if not args.json:
         print(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}")
         sys.stdout.flush()
     status = None
     if args.wait or args.show_output:
-        try:
-            status = wait_for(ref)
-        except KeyboardInterrupt:
-            print(f"\nstopped waiting; the job goes on: hpcvod status {ref.job_dir}", file=sys.stderr)
+        status = _wait(ref, sys.stderr)
+        if status is None:
             return 130
         if args.show_output:
             follow_output(ref, sys.stdout, follow=False)
@@ -279,11 +322,30 @@ def _roots():
     return default_roots()
 
 
+def _wait(ref, stream):  # -> JobStatus | None (None: Ctrl-C)
+    """Wait for the job with a live line on a terminal (plain lines otherwise) on stderr, so that stdout keeps
+    only results (--json, --show-output); Ctrl-C stops the waiting only, and says how to cancel."""
+    from hpcvod.jobs.watch import wait_for
+
+    try:
+        return wait_for(ref, stream)
+    except KeyboardInterrupt:
+        where = ref.job_dir or ref.job_id
+        print(f"\nstopped waiting; job {ref.job_id} goes on (hpcvod status {where}; to stop it: hpcvod cancel "
+              f"{where})", file=sys.stderr)
+        return None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hpcvod.jobs.submission import array_task_states, job_status
 
     ref = _job_ref(args.job, args.site)
-    status = job_status(ref)
+    if args.wait:
+        status = _wait(ref, sys.stderr)
+        if status is None:
+            return 130
+    else:
+        status = job_status(ref)
     tasks = array_task_states(ref)
     if args.json:
         _print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
@@ -304,12 +366,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(line)
     for index, task in tasks:  # an array job: each task's own state and exit status
         print(f"  task {index}  {task.state}" + (f"  exit={task.exit_code}" if task.exit_code is not None else ""))
-    return EXIT_OK
+    return EXIT_FAILED if args.wait and status.state != "COMPLETED" else EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from hpcvod.jobs.submission import follow_output
+    from hpcvod.jobs.watch import follow_output
 
+    if args.rank is not None and args.rank < 0:
+        raise UserError(f"logs: --rank {args.rank}: expected a rank number >= 0")
     ref = _job_ref(args.job)
     if ref.job_dir is None:
         raise UserError(f"JOB {args.job!r}: logs need the job folder (no folder records this id)")
@@ -317,9 +381,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
         print(f"(no output yet: {ref.output})", file=sys.stderr)
         return EXIT_OK
     try:
-        follow_output(ref, sys.stdout, follow=args.follow)
+        follow_output(ref, sys.stdout, follow=args.follow, rank=args.rank)
     except KeyboardInterrupt:
         return 130
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from hpcvod.jobs.watch import format_rows, job_folders, job_row
+
+    roots = [Path(d) for d in args.output_dir] if args.output_dir else None
+    rows = [job_row(folder) for folder in job_folders(roots)]
+    if args.json:
+        _print_json([row.to_dict() for row in rows])
+    elif not rows:
+        from hpcvod.jobs.jobdir import default_roots
+
+        print(f"(no job folders under {', '.join(map(str, roots or default_roots()))})", file=sys.stderr)
+    else:
+        print("\n".join(format_rows(rows)))
     return EXIT_OK
 
 
@@ -405,6 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_logs(args)
         if args.command == "cancel":
             return cmd_cancel(args)
+        if args.command == "jobs":
+            return cmd_jobs(args)
         if args.command == "sites":
             return cmd_sites(args)
         if args.command == "run":
@@ -416,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hpcvod.schedulers import profile_options
             from hpcvod.sites.loader import discover_site
 
-            return doctor(sys.stdout, lambda hostname: discover_site(None, hostname, schedulers=profile_options()))
+            return doctor(sys.stdout, lambda hostname: discover_site(args.site, hostname, schedulers=profile_options()),
+                          _site_job_mpi)
     except UserError as err:
         print(f"hpcvod: error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE

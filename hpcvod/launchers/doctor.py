@@ -118,19 +118,28 @@ def run_probes(env: dict[str, str]) -> dict[str, tuple[bool, str]]:
     return results
 
 
-def doctor(out: IO[str], find_site: "Callable[[str], Site]") -> int:
-    """Print the report; exit status 1 when no working MPI was found (nothing could run), else 0.
+def doctor(out: IO[str], find_site: "Callable[[str], Site]",
+           job_check: "Callable[[Site], tuple[str | None, str]] | None" = None) -> int:
+    """Print the report; exit status 1 when no working MPI was found (nothing could run) or the site's jobs would
+    load another MPI than the site launches, else 0.
     ``find_site(hostname)`` is the site a job submitted from here would use (the CLI hands it over: launchers
-    stand beside the schedulers, whose options a profile is validated against, and do not import them)."""
+    stand beside the schedulers, whose options a profile is validated against, and do not import them).
+    ``job_check(site)`` is submit's comparison of the MPI the job's Python loads with the site's flavour:
+    (the refusal or None, the comparison)."""
     from hpcvod.jobs.host import detect_host
     from hpcvod.sites.errors import UserError
 
     host = detect_host()
     rows: list[tuple[str, str, str]] = [("hpcvod", "ok", f"{__version__} (Python {sys.version.split()[0]}, "
                                                          f"{sys.executable})")]
+    job_mpi_ok = True
     try:
         site = find_site(host.hostname)
         rows.append(("site", "ok", f"{site.name} ({site.profile.scheduler}; {site.source})"))
+        if job_check is not None:
+            problem, comparison = job_check(site)
+            job_mpi_ok = problem is None
+            rows.append(("job's MPI", "ok" if job_mpi_ok else "FAIL", problem or comparison))
     except UserError as err:
         rows.append(("site", "FAIL", str(err)))
     rows.append(("machine", "ok", f"{host.hostname}: {host.cpu_count} CPU(s), {host.gpu_count} GPU(s)"
@@ -157,4 +166,4 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]") -> int:
     for name, state, text in rows:
         out.write(f"{name:<{width}}  {state:<4}  {text}\n")
     out.write("-- = optional, not usable here; FAIL = needed to run jobs\n")
-    return 0 if mpi_ok else 1
+    return 0 if mpi_ok and job_mpi_ok else 1

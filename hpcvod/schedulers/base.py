@@ -43,6 +43,9 @@ class JobStatus:
     exit_code: int | None = None
     reason: str = ""
     source: str = ""
+    # epoch seconds, where the scheduler says: when the job started (or, pending, is expected to) and ended
+    start_time: float | None = None
+    end_time: float | None = None
 
     @property
     def finished(self) -> bool:

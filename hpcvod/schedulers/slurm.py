@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
@@ -197,14 +198,17 @@ class SlurmScheduler(Scheduler):
                         word = job.get("job_state")
                         word = " ".join(word) if isinstance(word, list) else str(word)
                         return JobStatus(slurm_state(word), raw=word, exit_code=_json_exit_code(job.get("exit_code")),
-                                         reason=str(job.get("state_reason") or ""), source="squeue --json")
+                                         reason=str(job.get("state_reason") or ""), source="squeue --json",
+                                         start_time=slurm_epoch(job.get("start_time")),
+                                         end_time=slurm_epoch(job.get("end_time")))
                 return None
-        # squeue without JSON support (built without the serializer) answers in plain text
-        done = run_command(["squeue", "--noheader", "--jobs", job_id, "--format", "%T|%r"])
+        # squeue without JSON support (built without the serializer) answers in plain text; %S is the start, or
+        # for a pending job the expected start (what `squeue --start` shows), N/A when Slurm does not know it
+        done = run_command(["squeue", "--noheader", "--jobs", job_id, "--format", "%T|%r|%S"])
         if done.returncode != 0 or not done.stdout.strip():
             return None
-        word, _, reason = done.stdout.strip().splitlines()[0].partition("|")
-        return JobStatus(slurm_state(word), raw=word, reason=reason, source="squeue")
+        word, reason, start = (done.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
+        return JobStatus(slurm_state(word), raw=word, reason=reason, source="squeue", start_time=slurm_epoch(start))
 
     def _scontrol(self, job_id: str) -> JobStatus | None:
         done = run_command(["scontrol", "show", "job", "--oneliner", job_id])
@@ -214,18 +218,20 @@ class SlurmScheduler(Scheduler):
         word = fields.get("JobState", "")
         code = _exit_code(fields.get("ExitCode", ""))
         return JobStatus(slurm_state(word), raw=word, exit_code=code, reason=fields.get("Reason", ""),
-                         source="scontrol show job")
+                         source="scontrol show job", start_time=slurm_epoch(fields.get("StartTime")),
+                         end_time=slurm_epoch(fields.get("EndTime")))
 
     def _sacct(self, job_id: str) -> JobStatus | None:
         if self.options.sacct == "never" or shutil.which("sacct") is None:
             return None
         done = run_command(["sacct", "--jobs", job_id, "--allocations", "--noheader", "--parsable2",
-                            "--format", "State,ExitCode"])
+                            "--format", "State,ExitCode,Start,End"])
         lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
         if done.returncode != 0 or not lines:
             return None
-        word, _, code = lines[0].partition("|")
-        return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct")
+        word, code, start, end = (lines[0].split("|") + ["", "", ""])[:4]
+        return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct",
+                         start_time=slurm_epoch(start), end_time=slurm_epoch(end))
 
 
 def _json_exit_code(value: object) -> int | None:
@@ -243,6 +249,20 @@ def _json_exit_code(value: object) -> int | None:
         if isinstance(code, dict):  # 23.11+: {"set": true, "number": N}
             code = code.get("number") if code.get("set", True) else None
         return code if isinstance(code, int) else None
+    return None
+
+
+def slurm_epoch(value: object) -> float | None:
+    """A Slurm time as epoch seconds: squeue --json's int (22.05) or {"set": true, "number": N} (23.x+), or the
+    text of scontrol/sacct/squeue (2026-11-24T07:38:18, local time); None for 0, Unknown, N/A, None."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value > 0 else None
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", value.strip()):
+        return time.mktime(time.strptime(value.strip(), "%Y-%m-%dT%H:%M:%S"))
     return None
 
 

@@ -22,3 +22,5 @@ def test_doctor_in_the_main_venv(tmp_path):
     assert re.search(r"^mxnet\s+ok\s+mxnet 1\.9\.1", out, re.M), out
     assert re.search(r"^NCCL \(CuPy\)\s+(ok|--)\s+", out, re.M), out  # optional: no GPU on most test machines
     assert re.search(r"^site\s+ok\s+local ", out, re.M), out
+    # the comparison `submit` makes (tests/submission/test_job_mpi.py has the failing one)
+    assert re.search(r"^job's MPI\s+ok\s+site local launches MPICH; the job's Python \S+ loads MPICH", out, re.M), out

@@ -37,8 +37,8 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_
 SLOW_LIMIT = 15.0  # seconds one example may take (a refused cancel is instant; the local grace time is 5 s)
 TRAIN = "print('train')\n"
 # hpcvod's own words in scheduler command lines; everything else a fake tool sees must be a job id
-FIXED_WORDS = {"--", "--json", "--jobs", "--noheader", "--format", "%T|%r", "show", "job", "--oneliner",
-               "--allocations", "--parsable2", "State,ExitCode", "-f", "-x", "-u", "*", "-j", "-terse"}
+FIXED_WORDS = {"--", "--json", "--jobs", "--noheader", "--format", "%T|%r|%S", "show", "job", "--oneliner",
+               "--allocations", "--parsable2", "State,ExitCode,Start,End", "-f", "-x", "-u", "*", "-j", "-terse"}
 CANARY: dict[str, int] = {}  # the canary's pid, for the job-folder strategies (drawn once the fixture has run)
 SCHEDULER_TOOLS = ("scancel", "squeue", "scontrol", "sacct", "sbatch", "qdel", "qstat", "qacct", "qsub")
 
