@@ -68,7 +68,7 @@ def _why_not_the_job(pid: int, record: dict) -> str | None:
         argv = tuple(os.fsdecode(w) for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1])
     except OSError:
         return GONE
-    if argv != SCRIPT_ARGV:
+    if argv and argv != SCRIPT_ARGV:  # empty: the kernel is still in the exec of bash (its pid and start match)
         return f"runs {' '.join(argv)[:80]!r}, not the job script ({' '.join(SCRIPT_ARGV)})"
     return None
 
