@@ -18,12 +18,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from _harness import Checks, output_path  # noqa: E402
+from tf_common import RANK, SIZE, rank_data  # noqa: E402
 
 import hpcvod.tensorflow as hvd  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
 C = [float(r + 1) for r in range(SIZE)]
 S = sum(C)
 M = S / SIZE
@@ -54,7 +52,7 @@ def expect(got, want):
 
 
 def data(shape):
-    return np.random.default_rng(RANK).random(shape).astype(np.float32)
+    return rank_data(RANK, shape)
 
 
 @check

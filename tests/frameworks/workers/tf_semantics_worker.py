@@ -14,20 +14,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from _harness import Checks, output_path  # noqa: E402
+from tf_common import RANK, SIZE, rank_data  # noqa: E402
 
 import hpcvod.tensorflow as hvd  # noqa: E402
 import hpcvod.tensorflow.keras as hvdk  # noqa: E402
 from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
 check = Checks()
-
-
-def data(r: int, shape, dtype=np.float32) -> np.ndarray:
-    rng = np.random.default_rng(500 + r)
-    return (rng.integers(-20, 20, shape) if np.issubdtype(dtype, np.integer) else rng.random(shape)).astype(dtype)
+data = rank_data
 
 
 def raises(fn, cls):

@@ -12,24 +12,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from _harness import Checks, output_path  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+from tf_common import RANK, SIZE, rank_data  # noqa: E402
 
 import hpcvod.tensorflow as hvd  # noqa: E402
 import hpcvod.tensorflow.keras as hvdk  # noqa: E402
 from hpcvod.frameworks._common import aligned_empty  # noqa: E402
 from hpcvod.frameworks.tensorflow.mpi_ops import _numpy_in, _tensor_out  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(2)
-hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
 check = Checks()
-
-
-def rank_data(r: int, shape, dtype=np.float32) -> np.ndarray:
-    rng = np.random.default_rng(1000 + r)
-    if np.issubdtype(dtype, np.floating):
-        return (rng.random(shape) * 4 - 2).astype(dtype)
-    return rng.integers(-50, 50, shape).astype(dtype)
 
 
 def close(a, b, tol: float = 1e-5) -> None:
