@@ -55,28 +55,28 @@ class JobDefaults:
     """Scheduler options a job may ask for, which a partition may also set for every job it runs (a user's flag
     beats the partition's value)."""
 
-    exclusive: Optional[bool] = doc("whole nodes for this job alone (--exclusive)", None)
-    mem: Optional[Annotated[str, SIZE]] = doc("memory per node (--mem SIZE)", None)
-    mem_per_gpu: Optional[Annotated[str, SIZE]] = doc("memory per allocated GPU (--mem-per-gpu SIZE; Slurm only)",
-                                                      None)
-    constraint: Optional[Annotated[str, CONSTRAINT]] = doc("node features the job needs (--constraint EXPR)", None)
-    qos: Optional[Annotated[str, NAME]] = doc("quality of service (--qos NAME; Slurm only)", None)
-    reservation: Optional[Annotated[str, NAME]] = doc("run inside this reservation (--reservation NAME)", None)
-    nodelist: Optional[Annotated[str, NODES]] = doc("run on these nodes (--nodelist NODES; Slurm only)", None)
-    exclude: Optional[Annotated[str, NODES]] = doc("never run on these nodes (--exclude NODES; Slurm only)", None)
-    mail_type: Optional[Annotated[str, MAIL_TYPE]] = doc("when to send mail (--mail-type TYPES)", None)
-    mail_user: Optional[Annotated[str, MAIL_USER]] = doc("who gets the mail (--mail-user ADDR)", None)
+    exclusive: Optional[bool] = doc("whole nodes for this job alone", None)
+    mem: Optional[Annotated[str, SIZE]] = doc("memory per node", None)
+    mem_per_gpu: Optional[Annotated[str, SIZE]] = doc("memory per allocated GPU (Slurm only)", None)
+    constraint: Optional[Annotated[str, CONSTRAINT]] = doc("node features the job needs", None)
+    qos: Optional[Annotated[str, NAME]] = doc("quality of service (Slurm only)", None)
+    reservation: Optional[Annotated[str, NAME]] = doc("run inside this reservation", None)
+    nodelist: Optional[Annotated[str, NODES]] = doc("run on these nodes (Slurm only)", None)
+    exclude: Optional[Annotated[str, NODES]] = doc("never run on these nodes (Slurm only)", None)
+    mail_type: Optional[Annotated[str, MAIL_TYPE]] = doc("when to send mail", None)
+    mail_user: Optional[Annotated[str, MAIL_USER]] = doc("who gets the mail", None)
     sched_opt: list[Annotated[str, SCHED_OPT]] = doc(
-        "other directives, KEY or KEY=VALUE each (--sched-opt, repeatable); a partition's come first", factory=list)
+        "other directives, KEY or KEY=VALUE each (repeatable); a partition's come before the user's", factory=list)
 
 
 @dataclass(frozen=True)
 class JobOptions(JobDefaults):
     """All per-job scheduler options: the partition defaults plus what only one job can mean."""
 
-    begin: Optional[Annotated[str, BEGIN]] = doc("start no earlier than this (--begin TIME)", None)
-    dependency: Optional[Annotated[str, DEPENDENCY]] = doc("start after other jobs (--dependency EXPR)", None)
-    array: Optional[Annotated[str, ARRAY]] = doc("run as an array of tasks (--array SPEC)", None)
+    begin: Optional[Annotated[str, BEGIN]] = doc("start no earlier than this", None)
+    dependency: Optional[Annotated[str, DEPENDENCY]] = doc(
+        "start after other jobs (Slurm's grammar; an ID may be a job folder)", None)
+    array: Optional[Annotated[str, ARRAY]] = doc("run as an array of tasks, each seeing HPCVOD_ARRAY_INDEX", None)
 
 
 # what each option's value looks like, for --help (None: a flag without a value)
