@@ -194,7 +194,7 @@ def _job_spec(args: argparse.Namespace, program: list[str]):
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
-    from hpcvod.jobs.host import detect_host
+    from hpcvod.launchers.host import detect_host
     from hpcvod.jobs.submission import prepare
     from hpcvod.schedulers import profile_options
     from hpcvod.sites.loader import discover_site
@@ -232,7 +232,7 @@ def _site_job_mpi(site) -> tuple[str | None, str]:
     import dataclasses
     import tempfile
 
-    from hpcvod.jobs.host import detect_host
+    from hpcvod.launchers.host import detect_host
     from hpcvod.jobs.plan import resolve
     from hpcvod.jobs.spec import JobSpec
 
@@ -304,7 +304,7 @@ def _job_ref(job: str, site_name: str | None = None):
         return ref
     if os.sep in job:
         raise UserError(f"JOB {job!r}: no such job folder")
-    from hpcvod.jobs.host import detect_host
+    from hpcvod.launchers.host import detect_host
     from hpcvod.schedulers import profile_options, scheduler_for
     from hpcvod.sites.loader import discover_site
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from hpcvod.jobs.shell import safe_name
+from hpcvod.launchers.shell import safe_name
 from hpcvod.schedulers.jobfiles import RECORD_FILE, job_modes, json_kind, read_json, write_job_file
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import make_dir, open_regular

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hpcvod import __version__
-from hpcvod.jobs.host import HostFacts
 from hpcvod.jobs.jobdir import find_job
-from hpcvod.jobs.shell import Verbatim, safe_name
-from hpcvod.jobs.spec import ENV_KEY, JobSpec, parse_time
+from hpcvod.jobs.spec import JobSpec, parse_time
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
+from hpcvod.launchers.host import HostFacts
+from hpcvod.launchers.shell import ENV_KEY, Verbatim, safe_name
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
 from hpcvod.sites.errors import UserError

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from submitit.core import core, utils
 
-from hpcvod.jobs.host import detect_host
 from hpcvod.jobs.jobdir import JobRef, ensure_root
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared, wait_for
+from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
 from hpcvod.schedulers.jobfiles import job_modes

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcvod.jobs.plan import LaunchPlan
-from hpcvod.jobs.shell import Verbatim, shell_quote
+from hpcvod.launchers.shell import Verbatim, shell_quote
 from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular, write_atomic

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from hpcvod.launchers.shell import ENV_KEY, parse_env
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import JobOptions
 
-ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
 
 
@@ -48,17 +48,6 @@ def parse_time(text: str, flag: str = "--time") -> int:
     if total <= 0:
         raise UserError(f"{flag} {text!r}: expected a time longer than zero")
     return total
-
-
-def parse_env(items: list[str] | tuple[str, ...], flag: str = "--env") -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE`` strings -> pairs; the value is kept byte for byte (it may hold '=', quotes, newlines)."""
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY.fullmatch(key):
-            raise UserError(f"{flag} {item!r}: expected KEY=VALUE with KEY a variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        out.append((key, value))
-    return tuple(out)
 
 
 def parse_job_env(items: list[str] | tuple[str, ...], secret_items: list[str] | tuple[str, ...] = ()

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from hpcvod import __version__
-from hpcvod.jobs.host import HostFacts
 from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
+from hpcvod.launchers.host import HostFacts
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
                                     read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from hpcvod.jobs.shell import Verbatim
+from hpcvod.launchers.shell import Verbatim
 
 
 # Variables of an enclosing MPI launch: a launch started from inside an MPI rank must not inherit them, or its

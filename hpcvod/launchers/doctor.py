@@ -126,7 +126,7 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]",
     stand beside the schedulers, whose options a profile is validated against, and do not import them).
     ``job_check(site)`` is submit's comparison of the MPI the job's Python loads with the site's flavour:
     (the refusal or None, the comparison)."""
-    from hpcvod.jobs.host import detect_host
+    from hpcvod.launchers.host import detect_host
     from hpcvod.sites.errors import UserError
 
     host = detect_host()

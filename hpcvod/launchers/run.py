@@ -20,10 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpcvod.jobs.shell import shell_join
-from hpcvod.jobs.spec import parse_env
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
+from hpcvod.launchers.shell import parse_env, shell_join
 from hpcvod.sites.errors import UserError
 
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")

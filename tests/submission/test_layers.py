@@ -18,6 +18,7 @@ PACKAGE = Path(hpcvod.__file__).parent
 ABOVE = {
     "sites": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers"),
     "schedulers": ("hpcvod.cli", "hpcvod.jobs"),
+    "launchers": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers"),
 }
 
 

@@ -3,6 +3,8 @@
 import re
 import shlex
 
+from hpcvod.sites.errors import UserError
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -53,3 +55,17 @@ def safe_name(text: str, limit: int = 64) -> str:
     if not name[0].isalpha():
         name = "j" + name
     return name[:limit]
+
+
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable name a launcher can forward
+
+
+def parse_env(items: list[str] | tuple[str, ...], flag: str = "--env") -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` strings -> pairs; the value is kept byte for byte (it may hold '=', quotes, newlines)."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY.fullmatch(key):
+            raise UserError(f"{flag} {item!r}: expected KEY=VALUE with KEY a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        out.append((key, value))
+    return tuple(out)
