@@ -19,8 +19,8 @@ import numpy as np
 from . import context, gpu
 from . import handles as K
 from .compression import Compression, Compressor
-from .engine import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, Lane, check_dtype, dumps, loads, mpi_reduce_op,
-                     mpi_type)
+from .engine import Lane, dumps, loads
+from .tables import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, check_dtype, mpi_reduce_op, mpi_type
 from .errors import HpcvodInputError, HpcvodNotInitializedError
 from .handles import GroupHandle, Handle
 from .process_sets import ProcessSet, global_process_set

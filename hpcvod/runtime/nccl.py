@@ -27,16 +27,9 @@ from typing import Any, Optional
 import numpy as np
 
 from . import gpu
-from .engine import AVERAGE, MAX, MIN, PRODUCT, SUM
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
-
-# Horovod's ops -> NCCL op names; Average is Sum followed by the postscale.
-_NCCL_OPS = {AVERAGE: "NCCL_SUM", SUM: "NCCL_SUM", MIN: "NCCL_MIN", MAX: "NCCL_MAX", PRODUCT: "NCCL_PROD"}
-_NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
-               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16",
-               "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8"}
-
+from .tables import MAX, MIN, NCCL_OPS, NCCL_TYPES, SUM, scale_on_device
 
 def current_stream_ptr() -> int:
     """The CUDA stream current in this thread: torch's if torch is in use, else CuPy's (0 = legacy default)."""
@@ -81,11 +74,13 @@ def choose_backend(mode: str, comm: Any) -> tuple[str, str]:
 class DeviceOps:
     """Runs one lane's device requests (see the module docstring)."""
 
-    def __init__(self, lane: Any, mode: str, hierarchical: bool) -> None:
-        self.lane = lane
-        self.backend, why = choose_backend(mode, lane.comm)
-        if why and mode == "auto" and lane.rank == 0:
-            print(f"hpcvod: process set {lane.set_id}: device tensors are staged through host memory and reduced "
+    def __init__(self, comm: Any, set_id: int, host: Any, mode: str, hierarchical: bool) -> None:
+        self.mpi = comm                  # the lane's MPI communicator (bootstrap, row counts, staging)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.host = host                 # the lane's host executor (host.HostOps), for staged requests
+        self.backend, why = choose_backend(mode, comm)
+        if why and mode == "auto" and self.rank == 0:
+            print(f"hpcvod: process set {set_id}: device tensors are staged through host memory and reduced "
                   f"by MPI ({why})", file=sys.stderr, flush=True)
         self.cupy = gpu.probe()[0]
         self._nccl_mod = gpu.probe()[1]
@@ -106,9 +101,9 @@ class DeviceOps:
     @property
     def comm(self) -> Any:
         if self._comm is None:
-            self._comm = self._nccl_comm_over(self.lane.comm)
+            self._comm = self._nccl_comm_over(self.mpi)
             if self._hierarchical:
-                topo = Topology(self.lane.comm)
+                topo = Topology(self.mpi)
                 if topo.usable:
                     self._topology = topo
                     self._local = self._nccl_comm_over(topo.local)
@@ -132,12 +127,12 @@ class DeviceOps:
     # ----------------------------------------------------------------------------------- helpers
     def _types(self, dtype: np.dtype, op: int) -> tuple[int, int]:
         nccl = self._nccl_mod
-        t = _NCCL_TYPES.get(dtype.name)
+        t = NCCL_TYPES.get(dtype.name)
         if t is None:
             raise HpcvodError(f"NCCL cannot reduce dtype {dtype}; use HPCVOD_GPU_OPERATIONS=mpi for it")
         if dtype == np.bool_:
             op = MAX if op in (SUM, MAX) else MIN  # or = max, and = min on 0/1 bytes
-        return getattr(nccl, t), getattr(nccl, _NCCL_OPS[op])
+        return getattr(nccl, t), getattr(nccl, NCCL_OPS[op])
 
     def _stream(self, ptr: int) -> Any:
         """The CuPy stream object of a recorded stream pointer (0: the legacy default stream)."""
@@ -149,7 +144,7 @@ class DeviceOps:
         self._stream(stream).synchronize()
 
     # ------------------------------------------------------------------------------- allreduce
-    def allreduce(self, group: list[Any], nbytes: int) -> None:
+    def allreduce(self, group: list[Any], nbytes: int, tl: Any = None) -> None:
         """One request or a fused group (same dtype, op and scaling): reduce in place or into new arrays."""
         if self.backend == "mpi":
             for h in group:
@@ -198,7 +193,7 @@ class DeviceOps:
     def _allreduce_flat(self, flat: Any, op: int, stream: int) -> None:
         dtype, nccl_op = self._types(flat.dtype, op)
         comm = self.comm                                   # made first: it decides whether hierarchy helps
-        if self._hierarchical and flat.size >= self.lane.size:
+        if self._hierarchical and flat.size >= self.size:
             hierarchical_allreduce(flat, nccl_op, self._local, self._topology.local_size, self._cross, comm,
                                    _NcclPrimitives(self.cupy, dtype, stream))
             return
@@ -213,7 +208,7 @@ class DeviceOps:
         nccl = self._nccl_mod
         a = h.tensor
         with self._stream(h.stream):
-            target = a if h.output is a else (a.copy() if self.lane.rank == h.root else cp.empty_like(a))
+            target = a if h.output is a else (a.copy() if self.rank == h.root else cp.empty_like(a))
         # bytes: every dtype (bool, complex, int16...) broadcasts the same way
         self.comm.bcast(target.data.ptr, target.nbytes, nccl.NCCL_UINT8, h.root, h.stream)
         self._finish(h.stream)
@@ -225,11 +220,15 @@ class DeviceOps:
         """Every member's row counts (one small host allgather over the lane's MPI communicator)."""
         from mpi4py import MPI
         mine = np.ascontiguousarray(mine, np.int64)
-        everyone = np.empty((self.lane.size, mine.size), np.int64)
-        self.lane.comm.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        everyone = np.empty((self.size, mine.size), np.int64)
+        self.mpi.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
         return everyone
 
-    def allgather(self, h: Any) -> None:
+    def allgather(self, hs: list[Any], tl: Any = None) -> None:
+        for h in hs:
+            self._allgather(h)
+
+    def _allgather(self, h: Any) -> None:
         """Every member's rows, concatenated in rank order (first dimensions may differ): one ncclAllGather when
         they agree, else one ncclBroadcast per member in a group."""
         if self.backend == "mpi":
@@ -264,7 +263,7 @@ class DeviceOps:
             return
         cp, nccl = self.cupy, self._nccl_mod
         a = h.tensor
-        size, me = self.lane.size, self.lane.rank
+        size, me = self.size, self.rank
         received = self._host_counts(h.splits)[:, me].copy()
         row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
         with self._stream(h.stream):
@@ -294,7 +293,7 @@ class DeviceOps:
             return
         cp, nccl = self.cupy, self._nccl_mod
         a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
-        size, me = self.lane.size, self.lane.rank
+        size, me = self.size, self.rank
         base, extra = divmod(a.shape[0], size)
         rows = [base + (1 if r < extra else 0) for r in range(size)]
         per_row = int(np.prod(a.shape[1:], dtype=np.int64))
@@ -337,7 +336,7 @@ class DeviceOps:
         proxy.output = proxy.tensor if in_place else None
         proxy.device = False
         proxy.done = False
-        self.lane._run_host(proxy)
+        self.host.run(proxy)
         if proxy.error is not None:
             h.error = proxy.error
         result = proxy.result
@@ -353,15 +352,6 @@ class DeviceOps:
         else:
             h.result = result
         h.done = True
-
-
-def scale_on_device(cp: Any, a: Any, factor: float) -> Any:
-    """``factor * a`` in Horovod's precision (engine.scale_into's rule): float16/float32 in float32, the rest in
-    float64, the result in ``a``'s dtype."""
-    work = np.float32 if a.dtype.kind == "f" and a.dtype.itemsize <= 4 else np.float64
-    if a.dtype.kind not in "fiu":
-        return a * factor
-    return (a.astype(work) * work(factor)).astype(a.dtype)
 
 
 class _NcclPrimitives:

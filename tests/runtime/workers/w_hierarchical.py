@@ -22,7 +22,8 @@ if nccl_too:
     import cupy as cp
     from cupy.cuda import nccl
 
-    from hpcvod.runtime.nccl import _NCCL_TYPES, _NcclPrimitives
+    from hpcvod.runtime.nccl import _NcclPrimitives
+    from hpcvod.runtime.tables import NCCL_TYPES
 
     def nccl_over(c: MPI.Comm):
         uid = c.bcast(nccl.get_unique_id() if c.Get_rank() == 0 else None, root=0)
@@ -49,7 +50,7 @@ for layout in (lambda r: r // 2, lambda r: r % 2):
                 checks += 1
                 if nccl_too:
                     dev = cp.asarray(mine.copy())
-                    nccl_type = getattr(nccl, _NCCL_TYPES[np.dtype(dtype).name])
+                    nccl_type = getattr(nccl, NCCL_TYPES[np.dtype(dtype).name])
                     nccl_op = getattr(nccl, f"NCCL_{op_name}")
                     local, cross, world = nccl_comms
                     hierarchical_allreduce(dev, nccl_op, local, topo.local_size, cross, world,

@@ -1,0 +1,394 @@
+"""Negotiation and the response cache: how the members of a lane agree on what is ready, in one order.
+
+Every rank that has pending work contributes a bit vector to one ``Iallreduce(BOR)``: a bit per response-cache
+entry it has *not* submitted, plus flags. An entry whose bit nobody set is ready everywhere; the common
+steady-state cycle is therefore one tiny collective. When any rank holds a request the cache does not know
+(first iteration, new shape, cache off), the flags say so and all ranks exchange their full pending lists
+(``allgather``); each rank then computes the same responses from the same data: a name submitted by every rank
+with equal signatures becomes a response (and a cache entry), a name submitted by every rank with different
+signatures becomes an :class:`HpcvodMismatchError` on every rank. Joined ranks take part with stand-ins.
+
+:class:`Negotiation` is the part of a lane (engine.Lane) that does this; the lane owns the queue, the driver
+and the executors, and runs what negotiation agrees on.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import handles as K
+from .errors import HpcvodInputError, HpcvodMismatchError, first_of
+from .handles import Handle
+from .tables import AVERAGE, describe_sig, identity_fill, mpi_reduce_op, mpi_type
+from .timeline import NEGOTIATE
+
+# Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
+NEED_FULL = 1      # some rank holds a request the cache does not know: exchange full lists
+NOT_JOINED = 2     # some rank has not joined yet
+SOME_JOINED = 4    # some rank has joined (it contributes dummies to what the others run)
+FIRST_BIT = 3
+_JOIN = K.JOIN
+
+# A request waiting longer than this forces a full round even when every rank's requests are cached, so
+# that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
+FULL_ROUND_AFTER_SECONDS = 1.0
+DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
+
+_perf = time.perf_counter
+
+
+class _Entry:
+    __slots__ = ("key", "sig", "bit", "mask", "last", "fuse")
+
+    def __init__(self, key: Any, sig: tuple, bit: int, last: int) -> None:
+        self.key = key
+        self.sig = sig
+        self.bit = bit
+        self.mask = 1 << bit
+        self.last = last          # LRU tick: the negotiation count, identical on every member
+        self.fuse = fuse_key(sig)
+
+
+_fuse_keys: dict[tuple, tuple] = {}
+
+
+def fuse_key(sig: tuple) -> Any:
+    """Allreduces with the same key (dtype, op, scaling) can share one fusion buffer.
+
+    Keys are interned, so the engine compares them with ``is``.
+    """
+    if sig[0] != K.ALLREDUCE:
+        return None
+    key = (sig[1], sig[3], sig[4], sig[5], sig[-1] == K.DEVICE)
+    return _fuse_keys.setdefault(key, key)
+
+
+_bit_of = operator.attrgetter("entry.bit")
+
+
+def _last_of(e: _Entry) -> int:
+    return e.last
+
+
+class Negotiation:
+    """One cycle of agreement, the full round, the response cache and joined ranks' stand-ins (a lane's part;
+    the attributes it uses are the lane's, see engine.Lane.__init__)."""
+
+    # ---------------------------------------------------------------------------------- one cycle
+    def _cycle(self) -> None:
+        queue = self._queue
+        waiting = self._waiting
+        cache = self._cache
+        now = _perf()
+        old = now - FULL_ROUND_AFTER_SECONDS
+        need_full = False
+        mine = 0                                 # bits of my cached requests
+        counts: Optional[dict] = None
+        # Requests carried over from earlier cycles are classified again: the cache may have changed.
+        carried = list(waiting.values()) if waiting else ()
+        # Take the new requests and classify them in the same pass (the usual case: nothing carried over).
+        # Classification: a request the response cache knows, with the same signature, sets its bit in
+        # ``mine``; anything else asks every rank for a full round. Kept in step with the loop below.
+        for _ in range(len(queue)):            # a snapshot: later submissions wait for the next cycle
+            h = queue.popleft()
+            if not h.t_submit:
+                h.t_submit = now
+            if h.kind == _JOIN:
+                if self._join is not None:
+                    self._finish(h, HpcvodInputError("join() called while this rank's join is pending"))
+                else:
+                    self._join = h
+                    self._join_new = True
+                continue
+            name = h.name
+            if name in waiting:
+                self._finish(h, HpcvodInputError(
+                    f"a collective named {name!r} is already pending on this rank; names of "
+                    f"outstanding collectives must be unique"))
+                continue
+            waiting[name] = h
+            if carried:
+                continue                           # classified below, after the carried ones
+            if h.unnamed:
+                # unnamed requests are cached by (signature, position among my waiting ones of that signature)
+                if counts is None:
+                    counts = {}
+                j = counts.get(h.sig, 0)
+                counts[h.sig] = j + 1
+                h.key = ("#", h.sig, j)
+            e = cache.get(h.key)
+            if e is not None and e.sig == h.sig:
+                h.entry = e
+                mine |= e.mask
+            else:
+                h.entry = None
+                need_full = True
+        if carried:
+            for h in waiting.values():
+                if h.unnamed:
+                    if counts is None:
+                        counts = {}
+                    j = counts.get(h.sig, 0)
+                    counts[h.sig] = j + 1
+                    h.key = ("#", h.sig, j)
+                e = cache.get(h.key)
+                if e is not None and e.sig == h.sig:
+                    h.entry = e
+                    mine |= e.mask
+                else:
+                    h.entry = None
+                    need_full = True
+                if h.t_submit < old:
+                    need_full = True
+        tl = self.timeline
+        if tl is not None:
+            tl.cycle_mark(now)
+        joined = self._join is not None
+        word = SOME_JOINED if joined else NOT_JOINED | (self._all_bits & ~mine)
+        if need_full:
+            word |= NEED_FULL
+        fresh_join = self._join_new
+        self._join_new = False
+        self.cycles += 1
+        if self._left is not None:
+            self._check_left()
+        self._process(self._exchange(word), joined, fresh_join, mine)
+
+    def _exchange(self, word: int) -> int:
+        """The negotiation collective: OR of every member's word."""
+        buf = bytearray(word.to_bytes(self._nbytes, "little"))
+        req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+        if not req.Test():
+            self._wait_request(req)
+        self.agreed = self.cycles
+        return int.from_bytes(buf, "little")
+
+    def _process(self, g: int, joined: bool, fresh_join: bool, mine: int) -> None:
+        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it.
+
+        ``mine``: the bits of this rank's cached requests in this negotiation.
+        """
+        t_agreed = _perf()
+        waiting = self._waiting
+        everything = False                       # every waiting request of mine is ready
+        if g & SOME_JOINED or joined:
+            if not g & NOT_JOINED:
+                self._complete_join(fresh_join)
+                return
+            ready = []
+            by_key = {h.key: h for h in waiting.values() if h.entry is not None}
+            free = ~g & self._all_bits
+            while free:
+                low = free & -free
+                entry = self._by_bit[low.bit_length() - 1]
+                h = by_key.get(entry.key)
+                if h is None or h.entry is not entry:
+                    h = self._dummy(entry.key, entry.sig)
+                    h.entry = entry
+                ready.append(h)
+                free ^= low
+        else:
+            ready_bits = mine & ~g
+            if not ready_bits:
+                ready = []
+            elif ready_bits == mine:             # the steady state: everything I have is ready everywhere
+                ready = [h for h in waiting.values() if h.entry is not None]
+                everything = len(ready) == len(waiting)
+            else:
+                ready = [h for h in waiting.values() if h.entry is not None and h.entry.mask & ready_bits]
+            if len(ready) > 1:
+                ready.sort(key=_bit_of)          # the same order on every member (cheap: usually sorted)
+        if ready:
+            if len(self._cache) * 2 >= self.cache_capacity:
+                # LRU recency matters only once eviction can come near (same cache size on every member)
+                tick = self.cycles
+                for h in ready:
+                    h.entry.last = tick
+            if everything:
+                waiting.clear()
+            else:
+                for h in ready:
+                    if not h.dummy:
+                        del waiting[h.name]
+        if g & NEED_FULL:
+            ready.extend(self._full_round(joined))
+        if g & SOME_JOINED and ready:
+            ready = self._refuse_after_join(ready)
+        if not ready:
+            return
+        for h in ready:
+            h.t_ready = t_agreed
+        tl = self.timeline
+        if tl is not None:
+            tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready), t_agreed)
+        self._inflight = ready
+        self._execute(ready, tl)
+        self._inflight = []
+
+    def _full_round(self, joined: bool) -> list[Handle]:
+        """Exchange every rank's pending list and derive the same responses on every member."""
+        waiting = self._waiting
+        items = [(h.name, h.key if h.unnamed else None, h.entry.bit if h.entry is not None else h.sig)
+                 for h in waiting.values()]
+        everyone = self.comm.allgather((joined, items, self._stuck()))
+        by_bit = self._by_bit
+        seen: dict[str, dict[int, tuple]] = {}
+        keys: dict[str, Any] = {}
+        order: list[str] = []
+        active = [r for r, (j, _, _) in enumerate(everyone) if not j]
+        for r, (_, its, _) in enumerate(everyone):
+            for name, key, s in its:
+                sig = by_bit[s].sig if isinstance(s, int) else s
+                d = seen.get(name)
+                if d is None:
+                    seen[name] = d = {}
+                    order.append(name)
+                    keys[name] = name if key is None else key
+                d[r] = sig
+        out: list[Handle] = []
+        for name in order:
+            d = seen[name]
+            if not all(r in d for r in active):
+                continue
+            sigs = set(d.values())
+            mine = waiting.pop(name, None)
+            key = keys[name]
+            if len(sigs) == 1:
+                sig = next(iter(sigs))
+                entry = self._cache_put(key, sig)
+                if mine is None:
+                    mine = self._dummy(key, sig)
+                    mine.name = name
+                mine.entry = entry
+                out.append(mine)
+            else:
+                self._cache_drop(key)
+                detail = "; ".join(f"rank {self.ranks[r]}: {describe_sig(s)}" for r, s in sorted(d.items()))
+                err = HpcvodMismatchError(
+                    f"collective {name!r} differs across ranks (process set {self.set_id}): {detail}")
+                if mine is not None:
+                    self._finish(mine, err)
+        if not out and len(active) == self.size and all(stuck for _, _, stuck in everyone):
+            self._fail_deadlock(everyone)
+        return out
+
+    def _stuck(self) -> bool:
+        """This rank can submit nothing more: a caller waits on a collective, nothing new came for a while."""
+        if self._queue or not (self._for_caller or self._nwaiters) or not self._waiting:
+            return False
+        newest = max(h.t_submit for h in self._waiting.values())
+        return _perf() - newest > DEADLOCK_AFTER_SECONDS
+
+    def _fail_deadlock(self, everyone: list) -> None:
+        """Every member waits on collectives no other member submitted, and none can submit more: a rank
+        skipped collectives (an exception it caught between two of them) and the ranks are out of step. Waiting
+        would hang for ever; the same error on every member is what the user can act on."""
+        detail = "; ".join(f"rank {self.ranks[r]} waits for {first_of([repr(name) for name, _, _ in its], 4)}"
+                           for r, (_, its, _) in enumerate(everyone))
+        err = HpcvodMismatchError(
+            f"ranks are out of step in process set {self.set_id}: every rank waits for collectives that no other "
+            f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")
+        for h in list(self._waiting.values()):
+            self._finish(h, err)
+        self._waiting.clear()
+
+    def _refuse_after_join(self, ready: list[Handle]) -> list[Handle]:
+        """While a rank has joined, only allreduces (and barriers) can run: a joined rank can add neutral
+        values to a sum but has no rows to gather, no slice to reduce and no value to broadcast. As in Horovod,
+        the others' allgather, broadcast, alltoall and reducescatter fail (on every member the same: ``g`` is
+        agreed) and nothing runs for them."""
+        keep = []
+        for h in ready:
+            if h.kind in (K.ALLREDUCE, K.BARRIER):
+                keep.append(h)
+            elif not h.dummy:
+                self._finish(h, HpcvodInputError(
+                    f"{K.KIND_NAMES.get(h.kind, 'collective')} {h.name!r}: not supported while a rank has joined "
+                    f"(only allreduce is, as in Horovod); with DistributedOptimizer use sparse_as_dense=True"))
+        return keep
+
+    def _complete_join(self, fresh: bool) -> None:
+        """Every rank has joined: agree on the last one to join and release join() everywhere."""
+        mine = np.array([self.ranks[self.rank] if fresh else -1], np.int64)
+        last = np.empty(1, np.int64)
+        self.comm.Allreduce([mine, MPI.INT64_T], [last, MPI.INT64_T], MPI.MAX)
+        h, self._join = self._join, None
+        if h is not None:
+            h.result = int(last[0])
+            h.done = True
+            self._notify()
+
+    # ------------------------------------------------------------------------------ response cache
+    def _cache_put(self, key: Any, sig: tuple) -> Optional[_Entry]:
+        if not self.cache_capacity:
+            return None
+        cache = self._cache
+        e = cache.get(key)
+        if e is not None:
+            e.sig = sig
+            e.fuse = fuse_key(sig)
+            e.last = self.cycles
+            return e
+        if self._free_bits:
+            bit = self._free_bits.pop()
+        elif len(cache) < self.cache_capacity:
+            bit = self._next_bit
+            self._next_bit += 1
+            self._nbytes = (self._next_bit + 63) // 64 * 8
+        else:
+            oldest = min(cache.values(), key=_last_of)   # rare: only when the cache is full
+            del cache[oldest.key]
+            del self._by_bit[oldest.bit]
+            bit = oldest.bit
+        e = _Entry(key, sig, bit, self.cycles)
+        cache[key] = e
+        self._by_bit[bit] = e
+        self._all_bits |= e.mask
+        return e
+
+    def _cache_drop(self, key: Any) -> None:
+        e = self._cache.pop(key, None)
+        if e is not None:
+            del self._by_bit[e.bit]
+            self._all_bits &= ~(1 << e.bit)
+            self._free_bits.append(e.bit)
+            self._free_bits.sort(reverse=True)
+
+    # ----------------------------------------------------------------------------------- execution
+    def _dummy(self, key: Any, sig: tuple) -> Handle:
+        """A joined rank's stand-in for a collective the others run."""
+        kind = sig[0]
+        dt = sig[1] if len(sig) > 1 else None
+        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+            tensor = identity_fill(sig[3], dt, sig[2])
+        elif kind == K.BROADCAST:
+            tensor = np.zeros(sig[2], dt)
+        elif kind in (K.ALLGATHER, K.ALLTOALL):
+            tensor = np.zeros((0,) + tuple(sig[2]), dt)
+        else:
+            tensor = None
+        h = Handle(str(key), kind, sig, tensor, None)
+        h.key = key
+        h.dummy = True
+        h.lane = self
+        if sig[-1] == K.DEVICE and tensor is not None:
+            # not through _devices(): making it is collective, and the others make it later, in _execute
+            from .gpu import probe
+            h.tensor = probe()[0].asarray(tensor)
+            h.device = True
+        if dt is not None:
+            h.mpi_type = mpi_type(dt)
+        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+            h.mpi_op = mpi_reduce_op(sig[3], dt)
+            h.prescale = sig[4]
+            h.postscale = sig[5] / self.size if sig[3] == AVERAGE else sig[5]
+        elif kind == K.BROADCAST:
+            h.root = self.ranks.index(sig[3])
+        elif kind == K.ALLTOALL:
+            h.splits = np.zeros(self.size, np.int64)
+        return h

@@ -1,0 +1,139 @@
+"""The op and dtype tables of the runtime, defined once for both executors (host over MPI, device over NCCL).
+
+Horovod's reduction-op numbering, the dtypes the collectives accept, their MPI datatypes and reductions, NCCL's
+names for the same, the neutral values a joined rank contributes, scaling in Horovod's precision, and the
+human description of a request's signature used by mismatch errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import handles as K
+from .errors import HpcvodInputError
+
+# Horovod's reduction op numbering.
+AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5
+OP_NAMES = {AVERAGE: "Average", SUM: "Sum", ADASUM: "Adasum", MIN: "Min", MAX: "Max", PRODUCT: "Product"}
+
+# Timeline activity of each host collective (the MPI call that runs it).
+MPI_ACTIVITY = {K.ALLREDUCE: "MPI_ALLREDUCE", K.ALLGATHER: "MPI_ALLGATHERV", K.BROADCAST: "MPI_BCAST",
+                K.ALLTOALL: "MPI_ALLTOALLV", K.REDUCESCATTER: "MPI_REDUCE_SCATTER"}
+
+# Horovod's ops -> NCCL op names (Average is Sum followed by the postscale), and NumPy dtypes -> NCCL types.
+NCCL_OPS = {AVERAGE: "NCCL_SUM", SUM: "NCCL_SUM", MIN: "NCCL_MIN", MAX: "NCCL_MAX", PRODUCT: "NCCL_PROD"}
+NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+              "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16",
+              "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8"}
+
+_mpi_types: dict[str, MPI.Datatype] = {}
+
+
+SUPPORTED_DTYPES = ("bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64, "
+                    "complex64, complex128")
+
+
+def check_dtype(dtype: np.dtype, what: str = "tensor") -> None:
+    """Refuse what MPI would move as bytes or reduce as integers: dates and durations (a sum of dates is no
+    date), Python objects (pointers), strings and structured records."""
+    if dtype.hasobject or dtype.kind in "OUSVMm":
+        raise HpcvodInputError(f"{what}: dtype {dtype} is not supported by hpcvod's collectives; supported: "
+                               f"{SUPPORTED_DTYPES} (convert first, e.g. datetime64 with .astype('int64'))")
+
+
+def mpi_type(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype of a NumPy dtype (cached; raises HpcvodInputError for unsupported dtypes)."""
+    key = dtype.str
+    t = _mpi_types.get(key)
+    if t is None:
+        check_dtype(dtype)
+        if dtype == np.bool_:
+            t = MPI.C_BOOL
+        elif not dtype.isnative:
+            raise HpcvodInputError(f"dtype {dtype} is not in native byte order; convert with .astype(...) first")
+        else:
+            # predefined datatypes only: MPI reductions are undefined on derived ones
+            t = MPI._typedict.get(dtype.char)
+            if t is None or t == MPI.DATATYPE_NULL:
+                raise HpcvodInputError(f"dtype {dtype} has no MPI datatype; use a numeric or bool array")
+        _mpi_types[key] = t
+    return t
+
+
+def mpi_reduce_op(op: int, dtype: np.dtype) -> MPI.Op:
+    """The MPI reduction for a Horovod op on a dtype (raises HpcvodInputError where it is undefined)."""
+    if dtype == np.bool_:
+        if op == AVERAGE:
+            raise HpcvodInputError("op=Average is undefined for bool arrays; use Sum (logical or) or Min/Max")
+        return MPI.LOR if op in (SUM, MAX) else MPI.LAND
+    if dtype.kind == "c" and op in (MIN, MAX):
+        raise HpcvodInputError(f"op={OP_NAMES[op]} is undefined for complex arrays")
+    if op in (AVERAGE, SUM):
+        return MPI.SUM
+    if op == MIN:
+        return MPI.MIN
+    if op == MAX:
+        return MPI.MAX
+    if op == PRODUCT:
+        return MPI.PROD
+    if op == ADASUM:
+        raise NotImplementedError(
+            "op=Adasum is not implemented in hpcvod yet (use Average or Sum); see docs/runtime.md")
+    raise HpcvodInputError(f"unknown reduction op {op!r}; expected Average, Sum, Min, Max or Product")
+
+
+def identity_fill(op: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """A joined rank's neutral contribution to a reduction."""
+    if op in (AVERAGE, SUM):
+        return np.zeros(shape, dtype)
+    if op == PRODUCT:
+        return np.ones(shape, dtype)
+    if dtype == np.bool_:
+        return np.full(shape, op == MIN, dtype)
+    info = np.finfo(dtype) if dtype.kind in "fc" else np.iinfo(dtype)
+    return np.full(shape, info.max if op == MIN else info.min, dtype)
+
+
+def scale_into(src: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """``out = factor * src`` in Horovod's precision: float16 and float32 in float32 arithmetic (the factor
+    rounded to float32, float16 values widened, the product rounded once), everything else in float64 (integers
+    truncate toward zero). NumPy alone would round the factor to float16 first: one unit in the last place off."""
+    kind = src.dtype.kind
+    if kind == "f" and src.dtype.itemsize <= 4:
+        # dtype= picks the float32 loop: a float16 array times a float32 scalar still runs NumPy's float16 loop
+        np.multiply(src, np.float32(factor), out=out, casting="unsafe", dtype=np.float32)
+    elif kind in "iu":
+        np.multiply(src, factor, out=out, casting="unsafe", dtype=np.float64)
+    else:
+        np.multiply(src, factor, out=out, casting="unsafe")
+
+
+def scale_on_device(cp: Any, a: Any, factor: float) -> Any:
+    """``factor * a`` for a CuPy array, by :func:`scale_into`'s rule: float16/float32 in float32, the rest in
+    float64, the result in ``a``'s dtype."""
+    if a.dtype.kind not in "fiu":
+        return a * factor
+    work = np.float32 if a.dtype.kind == "f" and a.dtype.itemsize <= 4 else np.float64
+    return (a.astype(work) * work(factor)).astype(a.dtype)
+
+
+def describe_sig(sig: tuple) -> str:
+    """A short human description of a request signature (for mismatch errors)."""
+    kind = sig[0]
+    name = K.KIND_NAMES.get(kind, "?")
+    if sig[-1] == K.DEVICE:
+        return describe_sig(sig[:-1]).replace("(", "(device=cuda, ", 1)
+    if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+        _, dt, shape, op, pre, post = sig
+        extra = f" prescale={pre}" if pre != 1.0 else ""
+        extra += f" postscale={post}" if post != 1.0 else ""
+        return f"{name}(dtype={np.dtype(dt).name}, shape={shape}, op={OP_NAMES.get(op, op)}{extra})"
+    if kind in (K.ALLGATHER, K.ALLTOALL):
+        return f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*, {', '.join(map(str, sig[2]))}))" \
+            if sig[2] else f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*,))"
+    if kind == K.BROADCAST:
+        return f"{name}(dtype={np.dtype(sig[1]).name}, shape={sig[2]}, root_rank={sig[3]})"
+    return f"{name}()"
