@@ -130,7 +130,7 @@ def _failed_precondition(label: str) -> tf.Tensor:
     return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32, name="hpcvod_collective_mismatch")
 
 
-# The last hpcvod op built in each TF1-style graph, and whether it has run yet (see _graph_op).
+# The last hpcvod op built in each TF1-style graph (see _graph_op).
 _last_op: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _outside_chain = [0]   # > 0 while unchained_graph_ops() is active
 
@@ -154,13 +154,11 @@ def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[
     rank. A TF1 graph (``tf.compat.v1``, sessions) has none: its executor runs independent ops in any order, a
     different one on each rank, and each op blocks an executor thread until its partners come, so with more
     independent collectives than threads the ranks wait on different ones. There each hpcvod op waits for the
-    previous one built in the graph (Horovod's graph ops need no such chain: they are asynchronous kernels),
-    unless that one has already run: a graph built and run piece by piece does not re-run earlier collectives.
+    previous one built in the graph (Horovod's graph ops need no such chain: they are asynchronous kernels), so
+    running an op also runs the collectives built before it (unchained_graph_ops() for an op run on its own).
+    Chaining only to ops not yet run is not enough: a later run may fetch earlier ops again beside new ones.
     """
-    ran = [False]
-
     def body(*args: Any) -> list[Any]:
-        ran[0] = True
         try:
             outs = _call_mapped(eager_fn, args)
         except MismatchError as exc:
@@ -170,15 +168,15 @@ def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[
 
     graph = tf.compat.v1.get_default_graph()
     chained = not isinstance(graph, _FuncGraph) and not _outside_chain[0]
-    previous, previous_ran = _last_op.get(graph, (None, [True]))
-    with tf.control_dependencies([previous] if chained and not previous_ran[0] else []):
+    previous = _last_op.get(graph) if chained else None
+    with tf.control_dependencies([] if previous is None else [previous]):
         outs = tf.py_function(body, inputs, list(out_dtypes) + [tf.int32])
     status = outs[-1]
     check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _failed_precondition(label))
     with tf.control_dependencies([check]):
         results = [tf.identity(o) for o in outs[:-1]]
     if chained:
-        _last_op[graph] = (check.op, ran)
+        _last_op[graph] = check.op
     return results
 
 
