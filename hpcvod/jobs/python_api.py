@@ -34,7 +34,8 @@ from submitit.core import core, utils
 
 from hpcvod.jobs.jobdir import JobRef, ensure_root
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared, wait_for
+from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared
+from hpcvod.jobs.watch import wait_for
 from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL

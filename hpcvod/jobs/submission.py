@@ -1,15 +1,14 @@
-"""Submission as the CLI and the Python API both do it: plan, render, job folder, scheduler, watch."""
+"""Submission as the CLI and the Python API both do it: plan, render, job folder, scheduler (watching a job:
+hpcvod.jobs.watch)."""
 
 from __future__ import annotations
 
-import codecs
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
@@ -22,7 +21,6 @@ from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, Job
                                     read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)
 from hpcvod.schedulers.jobfiles import read_json, write_job_file
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_regular
 from hpcvod.sites.joboptions import array_indexes
 from hpcvod.sites.loader import Site
 
@@ -156,68 +154,3 @@ def cancel_job(ref: JobRef) -> None:
         if ref.job_dir is not None and not marked_before:
             (ref.job_dir / CANCEL_FILE).unlink(missing_ok=True)
         raise
-
-
-def describe(ref: JobRef, status: JobStatus) -> str:
-    text = f"job {ref.job_id}: {status.state}"
-    if status.exit_code is not None and status.finished:
-        text += f" (exit {status.exit_code})"
-    if status.reason and status.reason not in ("None", "(null)") and not status.finished:
-        text += f" [{status.reason}]"
-    return text
-
-
-def wait_for(ref: JobRef, stream=None, poll_seconds: float | None = None,
-             sleep: Callable[[float], None] = time.sleep) -> JobStatus:
-    """Poll until the job ends, showing its state on one live line (a TTY) or a line per change (otherwise)."""
-    stream = stream or sys.stderr
-    scheduler = scheduler_of(ref)
-    poll = poll_seconds if poll_seconds is not None else scheduler.poll_seconds
-    live = hasattr(stream, "isatty") and stream.isatty()
-    start = time.monotonic()
-    last = None
-    while True:
-        status = scheduler.status(ref.job_id, ref.job_dir)
-        elapsed = time.monotonic() - start
-        text = describe(ref, status)
-        if live:
-            stream.write(f"\r\x1b[K{text}  {int(elapsed) // 60:d}:{int(elapsed) % 60:02d}")
-            stream.flush()
-        elif text != last:
-            stream.write(text + "\n")
-            stream.flush()
-        last = text
-        if status.finished:
-            if live:
-                stream.write("\n")
-                stream.flush()
-            return status
-        sleep(poll)
-
-
-def follow_output(ref: JobRef, out, poll_seconds: float | None = None, follow: bool = True,
-                  sleep: Callable[[float], None] = time.sleep) -> None:
-    """Copy the job's output to ``out``; with ``follow``, keep copying until the job has ended."""
-    path = ref.output
-    if path is None:
-        return
-    scheduler = scheduler_of(ref)
-    poll = poll_seconds if poll_seconds is not None else min(scheduler.poll_seconds, 1.0)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
-    position = 0
-    while True:
-        finished = not follow or scheduler.status(ref.job_id, ref.job_dir).finished
-        try:
-            with open_regular(path, "job output") as f:  # a FIFO or folder there: one line, not a hang
-                f.seek(position)
-                while chunk := f.read(1 << 20):
-                    position += len(chunk)
-                    out.write(decoder.decode(chunk))
-        except FileNotFoundError:
-            pass
-        out.flush()
-        if finished:
-            out.write(decoder.decode(b"", final=True))
-            out.flush()
-            return
-        sleep(poll)

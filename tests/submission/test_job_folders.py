@@ -213,7 +213,7 @@ def test_logs_decode_characters_split_across_reads(tmp_path, monkeypatch):
     import io
 
     from hpcvod.jobs.jobdir import ref_from_dir
-    from hpcvod.jobs.submission import follow_output
+    from hpcvod.jobs.watch import follow_output
 
     folder = _job_folder(tmp_path)
     (folder / "output.log").write_text("é" * 10 + "\n", encoding="utf-8")
@@ -240,7 +240,7 @@ def test_logs_decode_characters_split_across_reads(tmp_path, monkeypatch):
             self.f.close()
             super().close()
 
-    monkeypatch.setattr("hpcvod.jobs.submission.open_regular",
+    monkeypatch.setattr("hpcvod.jobs.watch.open_regular",
                         lambda path, what: Tiny(real_open(os.open(path, os.O_RDONLY), "rb")))
     follow_output(ref, out, follow=False)
     assert out.getvalue() == "é" * 10 + "\n"
