@@ -351,6 +351,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
                      "reason": status.reason, "source": status.source, "site": ref.site, "scheduler": ref.scheduler,
                      "job_dir": str(ref.job_dir) if ref.job_dir else None,
+                     # epoch seconds where the scheduler says: started (pending: expected to start), ended
+                     "start_time": status.start_time, "end_time": status.end_time,
                      **({"tasks": [{"index": i, "state": t.state, "exit_code": t.exit_code, "raw": t.raw}
                                    for i, t in tasks]} if tasks else {})})
         return EXIT_OK

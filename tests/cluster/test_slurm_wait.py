@@ -56,6 +56,7 @@ def test_pending_reasons_expected_start_and_ctrl_c_leave_the_job_queued(slurm_cl
             time.sleep(1)
             status = hpcvod_status(waiting, tmp_path)
         assert status["reason"] == "Resources", status
+        assert status["start_time"] and status["start_time"] > time.time() - 60, status  # Slurm's expected start
         assert wait_for_status(after, tmp_path, {"PENDING"})["reason"] == "Dependency"
 
         # no terminal: a plain line per change, with the reason and the expected start squeue --start shows
