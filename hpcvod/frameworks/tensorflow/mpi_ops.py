@@ -250,11 +250,14 @@ def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) ->
 
 
 def _eager_alltoall(t: tf.Tensor, splits: Any, name: str | None, ps: Any) -> list[tf.Tensor]:
+    array = _numpy_in(t)
+    size = set_rank_size(ps)[1]
+    if splits is None and array.ndim and len(array) % size == 0:
+        # equal parts, as explicit splits: the runtime then also says how many rows came from each rank (ranks
+        # may send different numbers of rows; the gradient sends them back with these)
+        splits = np.full(size, len(array) // size, dtype=np.int32)
     splits_array = None if splits is None else np.asarray(_numpy_in(splits), dtype=np.int32)
-    result = rt.alltoall(_numpy_in(t), splits=splits_array, name=name, process_set=ps)
-    output, received = result if isinstance(result, tuple) else (result, None)
-    if received is None:
-        received = np.full(set_rank_size(ps)[1], len(output) // set_rank_size(ps)[1], dtype=np.int32)
+    output, received = rt.alltoall(array, splits=splits_array, name=name, process_set=ps)
     return [_tensor_out(output), tf.constant(np.asarray(received, dtype=np.int32))]
 
 

@@ -109,6 +109,9 @@ def alltoall_gradient_equal_and_explicit_splits():
     x = data((2 * SIZE, 3))
     expect(grads(hvd.alltoall, x)[0], block_rows(C, 2))
     expect(grads(lambda t: hvd.alltoall(t, splits=[2] * SIZE)[0], x)[0], block_rows(C, 2))
+    # equal parts of first dimensions that differ across ranks: r + 1 rows to each rank, and back
+    uneven = data(((RANK + 1) * SIZE, 3))
+    expect(grads(hvd.alltoall, uneven)[0], block_rows(C, RANK + 1))
 
 
 check.report(output_path())
