@@ -1,6 +1,7 @@
 """Synthetic PyTorch training throughput: hpcvod's DistributedOptimizer against DistributedDataParallel (gloo).
 
     .venv/bin/python benchmarks/bench_torch_synthetic.py [--model mlp|cnn] [--batch-size 32] [--rounds 3]
+                                                         [--device cpu|cuda]
 
 One invocation launches, in interleaved rounds (medians reported), with the MPICH wheel's ``mpiexec``:
   * hpcvod, 1 rank   (the scaling reference: a DistributedOptimizer on one rank is the plain optimizer)
@@ -11,6 +12,10 @@ spirit of Horovod's ``pytorch_synthetic_benchmark.py``: warm-up batches, then ti
 batches; img/sec per rank and in total. Scaling efficiency = 2-rank total / (2 x 1-rank). The ranks are
 started by ``mpiexec`` for both systems; DDP's workers read their rank from the launcher's PMI variables and
 meet over TCP on localhost (``--worker`` runs one rank; the driver starts them).
+
+``--device cuda`` puts the model and the batches on the rank's GPU (local rank modulo the visible GPUs): hpcvod
+reduces CUDA gradients through NCCL (one GPU per rank) or staged through MPI (ranks sharing a GPU), DDP uses NCCL
+when every rank has its own GPU and gloo on CUDA tensors when ranks share one (NCCL refuses that).
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device on this machine")
+        local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     if args.worker == "hpcvod":
         import hpcvod.torch as hvd
         hvd.init()
@@ -68,17 +80,19 @@ def worker(args: argparse.Namespace) -> None:
     else:
         import torch.distributed as dist
         rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
+        own_gpus = args.device == "cuda" and torch.cuda.device_count() >= size
+        dist.init_process_group("nccl" if own_gpus else "gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                rank=rank, world_size=size)
 
-    model = build_model(args.model)
+    model = build_model(args.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if args.worker == "hpcvod":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    data = torch.randn(args.batch_size, 3, 32, 32)
-    target = torch.randint(0, 10, (args.batch_size,))
+    data = torch.randn(args.batch_size, 3, 32, 32, device=device)
+    target = torch.randint(0, 10, (args.batch_size,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step() -> None:
@@ -92,14 +106,20 @@ def worker(args: argparse.Namespace) -> None:
         else:
             dist.barrier()
 
+    def sync() -> None:                 # CUDA kernels run asynchronously: time finished work only
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for _ in range(args.warmup):
         step()
+    sync()
     rates = []
     for _ in range(args.iters):
         barrier()
         start = time.perf_counter()
         for _ in range(args.batches_per_iter):
             step()
+        sync()
         barrier()  # an iteration ends when the slowest rank is done
         rates.append(args.batch_size * args.batches_per_iter / (time.perf_counter() - start))
     if rank == 0:
@@ -113,15 +133,16 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------- driver
 def driver(args: argparse.Namespace) -> None:
     worker_args = ["--model", args.model, "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-                   "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter)]
+                   "--iters", str(args.iters), "--batches-per-iter", str(args.batches_per_iter),
+                   "--device", args.device]
     med, params = interleaved(__file__, [("hpcvod", 1), ("hpcvod", 2), ("ddp", 2)], worker_args, args.rounds)
     single, ours, ddp = med[("hpcvod", 1)], med[("hpcvod", 2)], med[("ddp", 2)]
     print()
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, torch {version('torch')}, "
           f"model {args.model} ({params / 1e6:.1f} M parameters), batch {args.batch_size} per rank, "
-          f"1 compute thread per rank, medians of {args.rounds} interleaved rounds")
-    table([("hpcvod, 1 rank", single, 1), ("hpcvod DistributedOptimizer", ours, 2), ("torch DDP over gloo", ddp, 2)],
-          single)
+          f"1 compute thread per rank, device {args.device}, medians of {args.rounds} interleaved rounds")
+    peer = "torch DDP (NCCL, or gloo where ranks share a GPU)" if args.device == "cuda" else "torch DDP over gloo"
+    table([("hpcvod, 1 rank", single, 1), ("hpcvod DistributedOptimizer", ours, 2), (peer, ddp, 2)], single)
     print(f"hpcvod / DDP total throughput: {ours / ddp:.3f}x (target >= 1.0)")
 
 
@@ -133,6 +154,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=4, help="timed iterations")
     parser.add_argument("--batches-per-iter", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of all three runs")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where model and batches live")
     parser.add_argument("--worker", choices=["hpcvod", "ddp"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -37,16 +37,17 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = rt.glob
 
 
 class _TensorSlot:
-    """Stands for a tensor in the pickled skeleton of a state dict: its bytes travel by an in-place broadcast."""
+    """Stands for a tensor in the pickled skeleton of a state dict: its bytes travel by an in-place broadcast
+    (on the device for CUDA state: each rank receives into its current CUDA device, no host copy)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        self.shape, self.dtype, self.cuda = tuple(tensor.shape), tensor.dtype, tensor.is_cuda
 
 
 def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:
     """``obj`` with each tensor replaced by a ``_TensorSlot`` (collected, in order, into ``tensors``)."""
     if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach().cpu().contiguous())
+        tensors.append(obj.detach().contiguous())
         return _TensorSlot(obj)
     if isinstance(obj, dict):
         return {k: _skeleton(v, tensors) for k, v in obj.items()}
@@ -58,7 +59,8 @@ def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:
 def _fill(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     """The inverse of ``_skeleton``: allocates a tensor per slot (in order) and appends it to ``tensors``."""
     if isinstance(skeleton, _TensorSlot):
-        tensor = torch.empty(skeleton.shape, dtype=skeleton.dtype)
+        device = torch.device("cuda", torch.cuda.current_device()) if skeleton.cuda else None
+        tensor = torch.empty(skeleton.shape, dtype=skeleton.dtype, device=device)
         tensors.append(tensor)
         return tensor
     if isinstance(skeleton, dict):
