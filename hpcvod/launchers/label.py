@@ -140,8 +140,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stderr.write("usage: python -m hpcvod.launchers.label -- PROGRAM [ARGS...]\n")
         sys.exit(2)
     status = run_labelled(args)
-    if status < 0:  # die the way the program died, so the launcher reports the same signal
-        signal.signal(-status, signal.SIG_DFL)
+    if status < 0:  # die the way the program died, so the launcher reports the same signal ("Killed")
+        try:
+            signal.signal(-status, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP keep their default anyway
         os.kill(os.getpid(), -status)
     sys.exit(status if status >= 0 else 128 - status)
 
