@@ -521,26 +521,10 @@ class Lane(Negotiation):
         if host:
             self._host.run_others(host, tl)
         if len(host) < len(hs):
-            ops = self._devices()
-            device = [h for h in hs if h.device]
-            gathers = [h for h in device if h.kind == K.ALLGATHER]
-            if gathers:
-                ops.allgather(gathers, tl)
-            for h in device:
-                kind = h.kind
-                if kind == K.ALLREDUCE:
-                    ops.allreduce([h], h.tensor.nbytes, tl)
-                elif kind in _DEVICE_RUNS:
-                    getattr(ops, _DEVICE_RUNS[kind])(h)
-                elif kind != K.ALLGATHER:
-                    ops.staged(h)
+            self._devices().run_others([h for h in hs if h.device], tl)
 
 
 
-
-# The device executor's method for each kind it runs one request at a time (allgathers go together; anything
-# else is staged through host memory).
-_DEVICE_RUNS = {K.BROADCAST: "broadcast", K.ALLTOALL: "alltoall", K.REDUCESCATTER: "reducescatter"}
 
 
 

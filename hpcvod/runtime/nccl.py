@@ -27,6 +27,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import gpu
+from . import handles as K
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
 from .tables import MAX, MIN, NCCL_OPS, NCCL_TYPES, SUM, scale_on_device
@@ -224,9 +225,13 @@ class DeviceOps:
         self.mpi.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
         return everyone
 
-    def allgather(self, hs: list[Any], tl: Any = None) -> None:
+    def run_others(self, hs: list[Any], tl: Any = None) -> None:
+        """Everything but fused allreduces, in the agreed order (the host executor's interface); kinds NCCL has
+        no form for are staged through host memory."""
+        runs = {K.ALLREDUCE: lambda h: self.allreduce([h], h.tensor.nbytes), K.ALLGATHER: self._allgather,
+                K.BROADCAST: self.broadcast, K.ALLTOALL: self.alltoall, K.REDUCESCATTER: self.reducescatter}
         for h in hs:
-            self._allgather(h)
+            runs.get(h.kind, self.staged)(h)
 
     def _allgather(self, h: Any) -> None:
         """Every member's rows, concatenated in rank order (first dimensions may differ): one ncclAllGather when
