@@ -78,17 +78,32 @@ ALIGNMENT = 64  # TensorFlow refuses (aborts on) DLPack buffers aligned to less 
 
 
 class DLPackCapsule:
-    """Lets ``np.from_dlpack`` consume a bare DLPack capsule (TF and MXNet hand out capsules, NumPy wants an
-    object with ``__dlpack__``). Only CPU buffers come through here."""
+    """Lets ``np.from_dlpack`` (or ``cupy.from_dlpack``) consume a bare DLPack capsule (TF and MXNet hand out
+    capsules, NumPy and CuPy want an object with ``__dlpack__``). ``device``: DLPack's (type, id) of the memory,
+    (1, 0) for the CPU, (2, N) for CUDA device N."""
 
-    def __init__(self, capsule: Any) -> None:
+    def __init__(self, capsule: Any, device: tuple[int, int] = (1, 0)) -> None:
         self._capsule = capsule
+        self._device = device
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return self._capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
+        return self._device
+
+
+def device_view_of_capsule(capsule: Any, device_id: int) -> Any:
+    """A CuPy array over the GPU memory a DLPack capsule describes (no copy), for the runtime's device path;
+    None when CuPy cannot be used here (the caller stages through host memory instead)."""
+    from hpcvod.runtime import gpu
+    cupy = gpu.probe()[0]
+    if cupy is None:
+        return None
+    try:
+        return cupy.from_dlpack(DLPackCapsule(capsule, (2, device_id)))
+    except Exception:  # noqa: BLE001 - an old CuPy or a capsule it refuses: stage instead
+        return None
 
 
 class _WritableInterface:

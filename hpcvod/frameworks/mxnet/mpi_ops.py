@@ -3,7 +3,8 @@
 CPU NDArrays reach the runtime through DLPack as NumPy views of their own memory (``to_dlpack_for_write`` /
 ``_for_read`` first wait for MXNet's asynchronous engine), so in-place forms reduce straight into the NDArray;
 ``asnumpy()`` would copy (and costs ~150 ms per 64 MiB here). New results come back as NDArrays over the
-runtime's output arrays (``nd.from_dlpack``, no copy). Other contexts (GPU) go through one staging copy each way.
+runtime's output arrays (``nd.from_dlpack``, no copy). GPU NDArrays reach the runtime as CuPy views through DLPack
+(the collective runs on the device, docs/gpu.md); without CuPy they go through one staging copy each way.
 ``priority`` is accepted for Horovod compatibility; the runtime's engine orders work by negotiation instead.
 The ops are not differentiable (as in Horovod's MXNet binding).
 """
@@ -16,23 +17,31 @@ from typing import Any
 import numpy as np
 
 import hpcvod.runtime as rt
-from hpcvod.frameworks._common import numpy_view_of_capsule, resolve_op
+from hpcvod.frameworks._common import device_view_of_capsule, numpy_view_of_capsule, resolve_op
 from hpcvod.frameworks.mxnet._mx import mx
 
 global_process_set = rt.global_process_set
 
 
-def _view(tensor: mx.nd.NDArray, writable: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """A NumPy view of a CPU NDArray's memory (after its pending writes), or a staging copy (returned second)."""
-    if tensor.context.device_type == "cpu" and tensor.size:
+def _view(tensor: mx.nd.NDArray, writable: bool) -> tuple[Any, np.ndarray | None]:
+    """A view of an NDArray's memory (after its pending writes): NumPy for CPU NDArrays, CuPy for GPU ones (the
+    runtime then runs the collective on the device); else a staging copy (returned second)."""
+    device = tensor.context.device_type
+    if device in ("cpu", "gpu") and tensor.size:
         capsule = tensor.to_dlpack_for_write() if writable else tensor.to_dlpack_for_read()
-        return numpy_view_of_capsule(capsule, writable=writable), None
+        if device == "cpu":
+            return numpy_view_of_capsule(capsule, writable=writable), None
+        view = device_view_of_capsule(capsule, tensor.context.device_id)
+        if view is not None:
+            return view, None
     staged = tensor.asnumpy()
     return staged, staged
 
 
-def _nd(array: np.ndarray, like: mx.nd.NDArray) -> mx.nd.NDArray:
-    """An NDArray over ``array``'s memory (no copy on CPU), on ``like``'s context."""
+def _nd(array: Any, like: mx.nd.NDArray) -> mx.nd.NDArray:
+    """An NDArray over ``array``'s memory (no copy on CPU, nor for a CuPy result), on ``like``'s context."""
+    if not isinstance(array, np.ndarray):          # a CuPy array from the device path
+        return mx.nd.from_dlpack(array.toDlpack())
     array = np.ascontiguousarray(array)
     out = None
     if array.size and array.flags.writeable:
