@@ -184,7 +184,7 @@ def test_local_site_under_each_mpi_flavour(tmp_path, flavour):
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr + done.stdout
     for rank in (0, 1):
-        line = next(l for l in done.stdout.splitlines() if l.startswith(f"rank {rank} of 2:"))
+        line = next(l for l in done.stdout.splitlines() if l.startswith(f"[{rank}]<stdout>: rank {rank} of 2:"))
         assert LIBRARY_WORD[flavour] in line
     request = json.loads(next((tmp_path / "hpcvod-jobs").glob("*/request.json")).read_text())
     assert request["plan"]["mpi_flavour"] == flavour
