@@ -318,11 +318,7 @@ def _gather(tensor: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            averaged = _reduce_dense(dy, None, rt.Average, 1.0, 1.0, ps)
-            dims = _gather(tf.shape(x, out_type=tf.int64)[:1], None, ps)
-            my_rank = set_rank_size(ps)[0]
-            offset = tf.reduce_sum(dims[:my_rank])
-            return averaged[offset:offset + dims[my_rank]]
+            return _gather_grad(dy, x, ps)
         return y, grad
 
     wide, dtype = _widen(tf.convert_to_tensor(tensor))
@@ -372,14 +368,49 @@ def _scatter(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: flo
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            if op not in (rt.Average, rt.Sum):
-                raise NotImplementedError(f"reducescatter with op={op} has no gradient")
-            scale = pre * post * (set_rank_size(ps)[1] if op == rt.Sum else 1)
-            return _gather(dy * tf.cast(scale, dy.dtype), None, ps)
+            return _scatter_grad(dy, op, pre, post, ps)
         return y, grad
 
     wide, dtype = _widen(tf.convert_to_tensor(tensor))
     return _narrow(forward(wide), dtype)
+
+
+def _gather_grad(dy: tf.Tensor, x: tf.Tensor, ps: Any) -> tf.Tensor:
+    """The Average allreduce of the gradient, cut to this rank's rows (every rank's row count allgathered)."""
+    averaged = _reduce_dense(dy, None, rt.Average, 1.0, 1.0, ps)
+    dims = _gather(tf.shape(x, out_type=tf.int64)[:1], None, ps)
+    my_rank = set_rank_size(ps)[0]
+    offset = tf.reduce_sum(dims[:my_rank])
+    return averaged[offset:offset + dims[my_rank]]
+
+
+def _scatter_grad(dy: tf.Tensor, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    """The allgather of the gradient, times the set size for Sum, times pre- and postscale."""
+    if op not in (rt.Average, rt.Sum):
+        raise NotImplementedError(f"reducescatter with op={op} has no gradient")
+    scale = pre * post * (set_rank_size(ps)[1] if op == rt.Sum else 1)
+    return _gather(dy * tf.cast(scale, dy.dtype), None, ps)
+
+
+def _grouped(kind: str, eager_group: Callable[..., list[np.ndarray]], grad_one: Callable[..., tf.Tensor],
+             tensors: Sequence[Any], name: str | None) -> list[tf.Tensor]:
+    """A grouped allgather/reducescatter as one node (one link of a TF1 graph's chain, one negotiation); the
+    gradient of each output is that of the single op (``grad_one(dy, x)``), as in Horovod."""
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        label = _graph_name(kind, [xs[0], xs[-1]], name)
+        ys = _run(lambda *ts: [_tensor_out(a) for a in eager_group([_numpy_in(t) for t in ts], label)], list(xs),
+                  [x.dtype for x in xs], label)
+        for y, x in zip(ys, xs):
+            y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            return [grad_one(dy, x) for dy, x in zip(dys, xs)]
+        return ys, grad
+
+    widened = [_widen(tf.convert_to_tensor(t)) for t in tensors]
+    outs = forward(*[w for w, _ in widened])
+    return [_narrow(o, d) for o, (_, d) in zip(outs, widened)]
 
 
 def _reduce_sparse(slices: Sequence[tf.IndexedSlices], op: Any, pre: float, post: float, ps: Any,
@@ -456,8 +487,11 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
 @_not_converted
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: Any = global_process_set) -> list[tf.Tensor]:
-    return [allgather(t, None if name is None else f"{name}.{i}", process_set=process_set)
-            for i, t in enumerate(tensors)]
+    """Allgathers several tensors as one operation (differentiable)."""
+    if not tensors:
+        return []
+    return _grouped("GroupedAllgather", lambda arrays, n: rt.grouped_allgather(arrays, name=n, process_set=process_set),
+                    lambda dy, x: _gather_grad(dy, x, process_set), tensors, name)
 
 
 @_not_converted
@@ -504,10 +538,19 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: Any = None,
                           process_set: Any = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: str | None = None) -> list[tf.Tensor]:
-    """``reducescatter`` of each tensor (Horovod's positional order; ``name`` is an extension)."""
-    return [reducescatter(t, compression=compression, op=op, name=None if name is None else f"{name}.{i}",
-                          process_set=process_set, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+    """Reducescatters several tensors as one operation (differentiable; Horovod's positional order, ``name`` is an
+    extension)."""
+    if not tensors:
+        return []
+    op = rt.Average if op is None else op
+    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _grouped("GroupedReducescatter",
+                    lambda arrays, n: rt.grouped_reducescatter(arrays, name=n, op=op, process_set=process_set,
+                                                               prescale_factor=prescale_factor,
+                                                               postscale_factor=postscale_factor),
+                    lambda dy, x: _scatter_grad(dy, op, prescale_factor, postscale_factor, process_set),
+                    [c for c, _ in compressed], name)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
 @_not_converted
