@@ -1,0 +1,287 @@
+"""The TensorFlow data service compute job (Horovod's ``horovod.tensorflow.data``), coordinated through files.
+
+A *compute job* (CPU-rich ranks) runs tf.data service dispatchers and workers; the *training job* pulls ready
+batches from them. The two jobs meet in a config file on a shared path and a folder beside it (``CONFIG.d/``):
+
+* ``CONFIG``: written atomically by the compute job's rank 0 once every server listens (with compute-side
+  dispatchers, their addresses are in it): ``TfDataServiceConfig.read(path, wait_for_file_creation=True)``.
+* ``CONFIG.d/dispatcher.<i>``: a training-side dispatcher's address (``dispatcher_side="training"``);
+  ``CONFIG.d/worker.<i>.<rank>``: a compute rank's worker serving dispatcher i is registered;
+  ``CONFIG.d/heartbeat``: touched every second by the compute job's rank 0 while it lives;
+  ``CONFIG.d/shutdown``: the training side is done (``config.shutdown()``), the compute job stops cleanly.
+
+TensorFlow's own clients wait for ever on a dispatcher that died (FACTS.md): a training process that uses the
+service watches the heartbeat and ends its job with a clear line when the compute job is gone for ``timeout`` s.
+Addresses are built from the host's IP, never ``localhost`` (consumers on another node would hang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+HEARTBEAT_SECONDS = 1.0
+DISPATCHER_SIDES = ("compute", "training")
+
+
+class DataServiceError(RuntimeError):
+    """The data service cannot be used: a config that never appeared, a compute job that is gone."""
+
+
+def host_address() -> str:
+    """This host's IP as other nodes reach it (the loopback address only when the name does not resolve)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _wait_for(path: Path, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise DataServiceError(f"{what}: {path} did not appear within {timeout:g} s")
+        time.sleep(0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TfDataServiceConfig:
+    """What the training job needs to reach the compute job (Horovod's ``TfDataServiceConfig``)."""
+
+    dispatchers: int
+    workers_per_dispatcher: int
+    dispatcher_side: str
+    addresses: tuple[str, ...]      # compute-side dispatchers: "grpc://ip:port", by dispatcher index
+    rendezvous: str                 # the CONFIG.d folder
+    timeout: int = 60
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(dataclasses.asdict(self), addresses=list(self.addresses))
+
+    @staticmethod
+    def from_dict(config: dict[str, Any]) -> "TfDataServiceConfig":
+        return TfDataServiceConfig(dispatchers=int(config["dispatchers"]),
+                                   workers_per_dispatcher=int(config["workers_per_dispatcher"]),
+                                   dispatcher_side=str(config["dispatcher_side"]),
+                                   addresses=tuple(config.get("addresses", ())),
+                                   rendezvous=str(config["rendezvous"]), timeout=int(config.get("timeout", 60)))
+
+    def write(self, filename: str) -> None:
+        _write_atomically(Path(filename), json.dumps(self.to_dict()))
+
+    @staticmethod
+    def read(filename: str, wait_for_file_creation: bool = False,
+             timeout: Optional[float] = None) -> "TfDataServiceConfig":
+        """The config at ``filename``; with ``wait_for_file_creation`` waits for the compute job to write it
+        (at most ``timeout`` seconds, default 600; then DataServiceError naming the path)."""
+        path = Path(filename)
+        if wait_for_file_creation:
+            _wait_for(path, 600.0 if timeout is None else timeout, "the data service config")
+        try:
+            return TfDataServiceConfig.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataServiceError(f"{path}: not a data service config ({exc})") from None
+
+    # ---------------------------------------------------------------- the rendezvous folder
+    @property
+    def folder(self) -> Path:
+        return Path(self.rendezvous)
+
+    def shutdown(self) -> None:
+        """Tells the compute job that training is done (it stops its servers and exits 0)."""
+        _write_atomically(self.folder / "shutdown", "done\n")
+
+    def dispatcher_address(self, index: int) -> str:
+        """Dispatcher ``index``'s address, waiting for a training-side dispatcher to register it."""
+        if self.dispatcher_side == "compute":
+            return self.addresses[index]
+        path = self.folder / f"dispatcher.{index}"
+        _wait_for(path, self.timeout, f"training-side dispatcher {index}")
+        return path.read_text().strip()
+
+    def wait_for_workers(self, index: int) -> None:
+        """Until every compute worker of dispatcher ``index`` has registered."""
+        deadline = time.monotonic() + self.timeout
+        while len(list(self.folder.glob(f"worker.{index}.*"))) < self.workers_per_dispatcher:
+            if time.monotonic() > deadline:
+                raise DataServiceError(f"the workers of dispatcher {index} did not register in {self.folder} within "
+                                       f"{self.timeout} s (is the compute job running?)")
+            time.sleep(0.1)
+
+    def compute_job_alive(self) -> bool:
+        beat = self.folder / "heartbeat"
+        try:
+            return time.time() - beat.stat().st_mtime < self.timeout
+        except OSError:
+            return False
+
+
+# ----------------------------------------------------------------------------------- training side
+_watchers: dict[str, threading.Thread] = {}
+
+
+def _watch_compute_job(config: TfDataServiceConfig) -> None:
+    """Ends this training process's job when the compute job stops beating: TensorFlow's client would wait for
+    ever on a dead dispatcher."""
+    if config.rendezvous in _watchers:
+        return
+
+    def watch() -> None:
+        while not (config.folder / "shutdown").exists():
+            if not config.compute_job_alive():
+                line = (f"hpcvod: the tf.data service compute job is gone (no heartbeat in {config.folder} for "
+                        f"{config.timeout} s); ending the training job")
+                _end_job(line)
+            time.sleep(HEARTBEAT_SECONDS)
+
+    thread = threading.Thread(target=watch, name="hpcvod-data-service-watch", daemon=True)
+    _watchers[config.rendezvous] = thread
+    thread.start()
+
+
+def _end_job(line: str) -> None:
+    import hpcvod.runtime as rt
+    from hpcvod.runtime.mpi_start import abort_world
+    if rt.is_initialized():
+        from mpi4py import MPI
+        abort_world(MPI.COMM_WORLD, line)
+    print(line, file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+@contextmanager
+def tf_data_service(config: TfDataServiceConfig, rank: int) -> Iterator[str]:
+    """The address of this training rank's dispatcher: one shared by every rank (``dispatchers=1``) or one per
+    rank. With ``dispatcher_side="training"`` this rank (rank 0, or every rank with per-rank dispatchers) runs the
+    dispatcher for as long as the block lasts."""
+    import tensorflow as tf
+    server = None
+    index = rank if config.dispatchers > 1 else 0
+    if config.dispatcher_side == "training" and (config.dispatchers > 1 or rank == 0):
+        server = tf.data.experimental.service.DispatchServer(
+            tf.data.experimental.service.DispatcherConfig(port=0))
+        port = server.target.rsplit(":", 1)[1]
+        _write_atomically(config.folder / f"dispatcher.{index}", f"grpc://{host_address()}:{port}\n")
+    address = config.dispatcher_address(index)
+    config.wait_for_workers(index)
+    _watch_compute_job(config)
+    try:
+        yield address
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def send_to_data_service(dataset: Any, config: TfDataServiceConfig, rank: int, size: Optional[int] = None,
+                         processing_mode: str = "distributed_epoch", reuse_dataset: bool = False,
+                         round_robin: bool = False) -> Any:
+    """``dataset`` processed by the compute job (Horovod's ``Dataset.send_to_data_service``): with
+    ``reuse_dataset`` every rank of a dispatcher shares one job (``distributed_epoch``: each element reaches one
+    rank once per epoch; ``round_robin``: rank ``rank`` of ``size`` consumers, needs ``.repeat()``)."""
+    import tensorflow as tf
+    if config.dispatcher_side == "training":
+        raise RuntimeError("with dispatcher_side='training' use the tf_data_service(config, rank) context manager "
+                           "(the dispatcher lives as long as it)")
+    if round_robin and size is None:
+        raise ValueError("round_robin needs size (the number of consuming ranks)")
+    with tf_data_service(config, rank) as address:
+        return dataset.apply(tf.data.experimental.service.distribute(
+            processing_mode=processing_mode, service=address, job_name="job" if reuse_dataset else None,
+            consumer_index=rank if reuse_dataset and round_robin else None,
+            num_consumers=size if reuse_dataset and round_robin else None))
+
+
+def add_dataset_method() -> None:
+    """``tf.data.Dataset.send_to_data_service`` (Horovod adds the same method)."""
+    import tensorflow as tf
+    tf.data.Dataset.send_to_data_service = send_to_data_service
+
+
+# ----------------------------------------------------------------------------------- compute side
+def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int) -> int:
+    """Runs on every rank of the compute job: dispatchers, a worker per rank, the config, the heartbeat; returns
+    once the training side has called ``shutdown()`` (0) or on an error (1)."""
+    import tensorflow as tf
+
+    import hpcvod.runtime as rt
+    rt.init()
+    rank, size = rt.rank(), rt.size()
+    if dispatchers < 1 or size % dispatchers:
+        if rank == 0:
+            print(f"hpcvod compute_worker: {size} ranks cannot be split among {dispatchers} dispatcher(s): the size "
+                  f"must be a multiple of --dispatchers", file=sys.stderr, flush=True)
+        return 2
+    per = size // dispatchers
+    index = rank // per
+    path = Path(config_path)
+    folder = path.with_name(path.name + ".d")
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.iterdir():          # a previous run's registrations and shutdown
+            stale.unlink()
+    rt.barrier()
+    ip = host_address()
+    dispatcher = None
+    if dispatcher_side == "compute" and rank % per == 0:
+        dispatcher = tf.data.experimental.service.DispatchServer(
+            tf.data.experimental.service.DispatcherConfig(port=0))
+    mine = f"grpc://{ip}:{dispatcher.target.rsplit(':', 1)[1]}" if dispatcher is not None else ""
+    addresses = tuple(a for a in rt.allgather_object(mine) if a)
+    config = TfDataServiceConfig(dispatchers=dispatchers, workers_per_dispatcher=per,
+                                 dispatcher_side=dispatcher_side, addresses=addresses, rendezvous=str(folder),
+                                 timeout=timeout)
+    if rank == 0:
+        (folder / "heartbeat").touch()
+        if dispatcher_side == "training":
+            config.write(str(path))              # the training side registers its dispatchers through it
+    target = config.dispatcher_address(index).split("://", 1)[1]
+    worker = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=target, worker_address=f"{ip}:%port%", heartbeat_interval_ms=1000,
+        dispatcher_timeout_ms=timeout * 1000))
+    (folder / f"worker.{index}.{rank}").touch()
+    rt.barrier()                                 # every server listens: the config may go out
+    if rank == 0 and dispatcher_side == "compute":
+        config.write(str(path))
+    # DispatchServer.join() blocks in C++ (no signal handler would run): poll the shutdown marker instead
+    while not (folder / "shutdown").exists():
+        if rank == 0:
+            (folder / "heartbeat").touch()
+        time.sleep(HEARTBEAT_SECONDS)
+    worker.stop()
+    if dispatcher is not None:
+        dispatcher.stop()
+    rt.barrier()
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcvod.tensorflow.data.compute_worker",
+        description="Run the tf.data service compute job on every rank (docs/frameworks.md).")
+    parser.add_argument("--dispatchers", type=int, default=1, help="dispatchers (the size must be a multiple)")
+    parser.add_argument("--dispatcher-side", choices=DISPATCHER_SIDES, default="compute")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds to wait for each other side")
+    parser.add_argument("config", metavar="CONFIG.json", help="where to write the config (a shared path)")
+    args = parser.parse_args(argv)
+    if args.timeout < 1:
+        parser.error(f"--timeout {args.timeout}: expected a number of seconds >= 1")
+    try:
+        return compute_worker(args.config, args.dispatchers, args.dispatcher_side, args.timeout)
+    except DataServiceError as exc:
+        print(f"hpcvod compute_worker: {exc}", file=sys.stderr, flush=True)
+        return 1

@@ -1,0 +1,115 @@
+"""The tf.data service compute job (issue 14): a compute job (``python -m hpcvod.tensorflow.data.compute_worker``)
+and a training job, two real MPI jobs on this machine that meet through the config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from frameworks_helpers import MPIEXEC, ROOT, WORKERS, rank_env, require_framework
+
+pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
+
+
+def start_compute(n: int, config: Path, *args: str) -> subprocess.Popen:
+    argv = [str(MPIEXEC), "-n", str(n), sys.executable, "-m", "hpcvod.tensorflow.data.compute_worker", *args,
+            str(config)]
+    return subprocess.Popen(argv, env=rank_env(), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def train(n: int, config: Path, mode: str, out: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    argv = [str(MPIEXEC), "-n", str(n), sys.executable, str(WORKERS / "tf_data_consumer.py"), str(config), mode,
+            str(out)]
+    return subprocess.run(argv, env=rank_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+
+
+def finish(compute: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    try:
+        out, err = compute.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(compute.pid, signal.SIGKILL)
+        out, err = compute.communicate()
+        pytest.fail(f"the compute job did not stop after the training side's shutdown\n{out[-2000:]}\n{err[-3000:]}")
+    return compute.returncode, out + err
+
+
+def test_distributed_epoch_gives_every_element_to_exactly_one_rank(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    config = tmp_path / "service.json"
+    compute = start_compute(2, config)
+    done = train(2, config, "shared", tmp_path / "seen.json")
+    code, log = finish(compute)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    everything = sorted(seen[0] + seen[1])
+    assert everything == [3 * i for i in range(200)], "each element once, over both ranks"
+    assert code == 0, log[-3000:]
+
+
+def test_training_side_dispatchers_one_per_rank_give_each_rank_the_whole_dataset(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    config = tmp_path / "service.json"
+    compute = start_compute(2, config, "--dispatchers", "2", "--dispatcher-side", "training")
+    done = train(2, config, "per-rank", tmp_path / "seen.json")
+    code, log = finish(compute)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    for rank, seen in enumerate(json.loads((tmp_path / "seen.json").read_text())):
+        assert sorted(seen) == [3 * i for i in range(200)], f"rank {rank} got its own full stream"
+    assert code == 0, log[-3000:]
+
+
+def test_a_compute_job_that_dies_ends_the_training_with_a_clear_line(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    config = tmp_path / "service.json"
+    compute = start_compute(2, config, "--timeout", "5")
+    training = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "tf_data_consumer.py"),
+                                 str(config), "forever", str(tmp_path / "seen.json")], env=rank_env(),
+                                cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not config.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(8)                                   # the training ranks are reading by now
+    os.killpg(compute.pid, signal.SIGKILL)
+    compute.communicate()
+    killed = time.monotonic()
+    try:
+        out, err = training.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        training.kill()
+        out, err = training.communicate()
+        pytest.fail(f"the training job hung after the compute job died\n{out[-2000:]}\n{err[-3000:]}")
+    assert training.returncode != 0
+    assert "the tf.data service compute job is gone" in err, err[-3000:]
+    assert time.monotonic() - killed < 60
+
+
+def test_a_config_that_never_appears_times_out_naming_the_path(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    probe = ("from hpcvod.tensorflow.data.compute_service import TfDataServiceConfig, DataServiceError\n"
+             "import sys\n"
+             "try:\n"
+             f"    TfDataServiceConfig.read({str(tmp_path / 'never.json')!r}, wait_for_file_creation=True, "
+             "timeout=2)\n"
+             "except DataServiceError as exc:\n"
+             "    print(exc); sys.exit(3)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", probe], env=rank_env(), cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert f"{tmp_path / 'never.json'} did not appear within 2 s" in done.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_compute_worker_refuses_a_size_that_is_not_a_multiple_of_the_dispatchers(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    compute = start_compute(3, tmp_path / "service.json", "--dispatchers", "2")
+    code, log = finish(compute, timeout=120)
+    assert code != 0
+    assert "3 ranks cannot be split among 2 dispatcher(s)" in log
