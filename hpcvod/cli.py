@@ -132,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("files", metavar="FILE", nargs="+")
     q = sites.add_parser("schema", help="the JSON Schema of a profile (for editors)")
     q.add_argument("--markdown", action="store_true", help="the key reference table of docs/sites.md instead")
+    q = sites.add_parser("check", help="run one acceptance job through a profile: world, environment, links "
+                         "(exit 0 all pass, 1 any fail)")
+    q.add_argument("site", metavar="SITE", nargs="?", help="profile name or path (default: as --site finds one)")
+    q.add_argument("--nodes", type=int, help="nodes (default 2; 1 on local or a one-node partition)")
+    q.add_argument("--gpus-per-node", type=int, help="GPUs a node, one rank each (default: 2 CPU ranks a node)")
+    q.add_argument("--partition", help="partition or queue (default: the profile's)")
+    q.add_argument("--quick", action="store_true", help="measure messages up to 4 MiB instead of 256 MiB")
+    q.add_argument("--framework", action="append", default=[], metavar="NAME",
+                   help="a framework the ranks must import (repeatable): torch, tensorflow, mxnet, ...")
+    q.add_argument("--output-dir", metavar="DIR", help="where the job folder goes (default: $HPCVOD_JOBS_DIR's "
+                   "first entry, then ./hpcvod-jobs); earlier reports there are compared")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
                        usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")
@@ -372,18 +384,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from hpcvod.jobs.watch import follow_output
+    from hpcvod.jobs.watch import follow_output, log_files
 
     if args.rank is not None and args.rank < 0:
         raise UserError(f"logs: --rank {args.rank}: expected a rank number >= 0")
     ref = _job_ref(args.job)
     if ref.job_dir is None:
         raise UserError(f"JOB {args.job!r}: logs need the job folder (no folder records this id)")
-    if not args.follow and not ref.output.exists():
+    logs = log_files(ref)
+    if not args.follow and not logs[0][1].exists():
         print(f"(no output yet: {ref.output})", file=sys.stderr)
         return EXIT_OK
     try:
-        follow_output(ref, sys.stdout, follow=args.follow, rank=args.rank)
+        for index, path in logs:  # an array job: each task's log in turn, under a header
+            if index is not None:
+                print(f"==> array task {index}: {path.name} <==", flush=True)
+            follow_output(ref, sys.stdout, follow=args.follow, rank=args.rank, path=path)
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
@@ -448,6 +464,10 @@ def cmd_sites(args: argparse.Namespace) -> int:
         data["scheduler_options"] = to_data(site.scheduler_options)
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
         return EXIT_OK
+    if args.sites_command == "check":
+        from hpcvod.jobs.sitecheck import check_command
+
+        return check_command(args)
     # validate
     bad = 0
     for name in args.files:

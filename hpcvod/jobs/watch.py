@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular
 
 _NO_REASON = ("", "None", "(null)")
+_TASK_LOG = re.compile(r"output\.(\d+)\.log")  # an array task's log (schedulers.base.task_output_file)
 
 
 def clock(seconds: float) -> str:
@@ -98,12 +100,25 @@ class _RankFilter:
         return "".join(line + "\n" for line in kept)
 
 
+def log_files(ref: JobRef) -> list[tuple[int | None, Path]]:
+    """The job's logs: its output.log, or, for an array job that has none, each task's output.<index>.log
+    (index order; those that exist so far)."""
+    if ref.job_dir is None:
+        return []
+    if ref.output is not None and ref.output.exists():
+        return [(None, ref.output)]
+    tasks = [(int(m.group(1)), path) for path in ref.job_dir.glob("output.*.log")
+             if (m := _TASK_LOG.fullmatch(path.name))]
+    return sorted(tasks) or [(None, ref.output)]  # type: ignore[list-item]
+
+
 def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, follow: bool = True,
-                  sleep: Callable[[float], None] = time.sleep, rank: int | None = None) -> None:
-    """Copy the job's output.log to ``out`` (only rank ``rank``'s lines when given); with ``follow``, until the
-    job has ended. A requeued Slurm job appends to the same log and is followed on through PENDING; a log that
-    was replaced or cut shorter is read again from its start."""
-    path = ref.output
+                  sleep: Callable[[float], None] = time.sleep, rank: int | None = None,
+                  path: Path | None = None) -> None:
+    """Copy the job's output.log (or ``path``, an array task's log) to ``out`` (only rank ``rank``'s lines when
+    given); with ``follow``, until the job has ended. A requeued Slurm job appends to the same log and is followed
+    on through PENDING; a log that was replaced or cut shorter is read again from its start."""
+    path = path or ref.output
     if path is None:
         return
     from hpcvod.jobs.submission import scheduler_of

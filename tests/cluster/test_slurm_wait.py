@@ -110,3 +110,25 @@ def test_logs_follow_a_job_through_a_requeue(slurm_cluster: Cluster, tmp_path: P
     one = hpcvod("logs", "--rank", "3", job, cwd=tmp_path).stdout.splitlines()
     assert one and all(line.startswith("[3]<") for line in one), one
     assert sum("rank 3/4 on n2" in line for line in one) == 2, one  # its start line, once per run
+
+
+def test_logs_and_jobs_of_an_array_job(slurm_cluster: Cluster, tmp_path: Path):
+    """An array job keeps a log per task (output.<index>.log): `logs` prints each under a header, `--rank` filters
+    inside each, and `jobs` lists the job once."""
+    (tmp_path / "hello.py").write_text(
+        "import os\nimport hpcvod.runtime as hvd\nhvd.init()\n"
+        "print(f\"task {os.environ['HPCVOD_ARRAY_INDEX']} rank {hvd.rank()}\", flush=True)\n")
+    sub = hpcvod("submit", "--site", "slurm-sandbox", "--nodes", "1", "--tasks-per-node", "2", "--time", "2",
+                 "--array", "0-1", "--wait", "hello.py", cwd=tmp_path)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    job, _ = submitted(sub)
+    logs = hpcvod("logs", job, cwd=tmp_path).stdout.splitlines()
+    assert logs[0] == "==> array task 0: output.0.log <==" and "==> array task 1: output.1.log <==" in logs, logs
+    for task in (0, 1):
+        for rank in (0, 1):
+            assert f"[{rank}]<stdout>: task {task} rank {rank}" in logs, logs
+    one = hpcvod("logs", "--rank", "1", job, cwd=tmp_path).stdout.splitlines()
+    assert [line for line in one if not line.startswith("==>")] == \
+        ["[1]<stdout>: task 0 rank 1", "[1]<stdout>: task 1 rank 1"], one
+    rows = json.loads(hpcvod("jobs", "--json", cwd=tmp_path).stdout)
+    assert [(r["job_id"], r["state"]) for r in rows] == [(job, "COMPLETED")], rows
