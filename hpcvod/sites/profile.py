@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from hpcvod.sites.errors import ProfileError, UserError
 from hpcvod.sites.joboptions import JobDefaults, check_job_options
-from hpcvod.sites.spec import ENV_NAME, ONE_LINE, Choices, EnvValue, Min, Pattern, doc
+from hpcvod.sites.spec import ENV_NAME, ONE_LINE, Above, Choices, EnvValue, Min, Pattern, doc
 
 TIME_PATTERN = Pattern(r"(\d+-)?\d+:[0-5]\d:[0-5]\d|\d+", "a time as [D-]HH:MM:SS or whole minutes")
 NAME_PATTERN = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*", "a name of letters, digits and _ . + @ -")
@@ -83,6 +83,9 @@ class Interconnect:
     gid_index: Optional[Annotated[int, Min(0)]] = doc("NCCL_IB_GID_INDEX: the RoCE v2 GID index (often 3)", None)
     gdr_level: Optional[Annotated[str, ONE_LINE]] = doc("NCCL_NET_GDR_LEVEL: GPUDirect RDMA level (LOC, PIX, PXB, PHB, SYS)", None)
     nccl_debug: Optional[Literal["VERSION", "WARN", "INFO", "TRACE"]] = doc("NCCL_DEBUG", None)
+    link_gbps: Optional[Annotated[float, Above(0)]] = doc(
+        "the declared speed of one node's link in Gbit/s (e.g. 200 for HDR InfiniBand); `hpcvod sites check` "
+        "compares the measured bandwidth with it (null = nothing declared)", None)
     env: EnvMap = doc("other NCCL_*/UCX_* settings", factory=dict)
 
 

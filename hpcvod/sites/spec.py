@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -32,6 +33,13 @@ class Min:
     """Smallest allowed integer."""
 
     value: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Above:
+    """A number strictly greater than ``value`` (a speed, a size: 0 would mean nothing was declared)."""
+
+    value: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +127,8 @@ def _describe(tp: Any) -> str:
             return "one of " + ", ".join(repr(v) for v in extra.values())
         if isinstance(extra, Min) and base is int:
             return f"an integer >= {extra.value}"
+        if isinstance(extra, Above) and base is float:
+            return f"a number > {extra.value:g}"
     args = _union_args(base)
     if args is not None:
         return " or ".join(_describe(a) for a in args)
@@ -133,6 +143,8 @@ def _describe(tp: Any) -> str:
         return "a string or a number"
     if base is int:
         return "an integer"
+    if base is float:
+        return "a number"
     if base is bool:
         return "true or false"
     if typing.get_origin(base) is list:
@@ -215,6 +227,12 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
                 if isinstance(extra, Min) and value < extra.value:
                     raise ProfileError(path, f"expected an integer >= {extra.value}, got {value}")
             return value
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            for extra in extras:
+                if isinstance(extra, Above) and not value > extra.value:
+                    raise ProfileError(path, f"expected {_describe(tp)}, got {value}")
+            return float(value)
     elif base is EnvValue:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -340,6 +358,12 @@ def _schema_of(tp: Any, defs: dict[str, Any], top: bool = False) -> dict[str, An
         for extra in extras:
             if isinstance(extra, Min):
                 out["minimum"] = extra.value
+        return out
+    if base is float:
+        out = {"type": "number"}
+        for extra in extras:
+            if isinstance(extra, Above):
+                out["exclusiveMinimum"] = extra.value
         return out
     if base is str:
         out = {"type": "string"}

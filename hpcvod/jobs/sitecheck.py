@@ -1,0 +1,378 @@
+"""``hpcvod sites check``: prove a site profile with one short acceptance job and judge what its ranks saw.
+
+The job is an ordinary Python-API job (``hpcvod.jobs.python_api``): the profile's own template, launcher line,
+modules and setup. Every rank runs ``hpcvod.runtime.sitecheck.probe``; this module turns the records into checks
+(pass / warn / fail, each with its evidence), a bandwidth plot, ``report.json`` and ``report.md`` in the job folder,
+and compares the links with the previous report of the same site.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from hpcvod.jobs.png import write_plot
+from hpcvod.runtime.sitecheck import LINKS_FILE, MIB
+from hpcvod.sites.errors import UserError
+from hpcvod.sites.loader import Site
+from hpcvod.sites.profile import interconnect_env
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+JOB_NAME = "sites-check"
+REPORT_JSON, REPORT_MD, PLOT = "report.json", "report.md", "bandwidth.png"
+SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a warn
+DECLARED_WARN = 0.5          # inter-node bandwidth under half the profile's link_gbps is a warn
+KNOWN_FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax", "numpy", "cupy")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    evidence: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the acceptance job asks for: the world the profile should form."""
+
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int = 0
+    partition: Optional[str] = None
+    quick: bool = False
+    frameworks: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def default_request(site: Site, nodes: Optional[int], gpus_per_node: Optional[int], partition: Optional[str],
+                    quick: bool, frameworks: tuple[str, ...]) -> Request:
+    """Two nodes (one where the partition has one) and two ranks a node (one per GPU where GPUs are asked for)."""
+    profile = site.profile
+    name = partition or profile.default_partition or next(iter(profile.partitions))
+    if name not in profile.partitions:
+        raise UserError(f"--partition {name!r}: site {site.name} has {', '.join(profile.partitions)}")
+    part = profile.partitions[name]
+    if nodes is None:
+        nodes = 1 if profile.scheduler == "local" or part.max_nodes == 1 else 2
+    if nodes < 1:
+        raise UserError(f"--nodes {nodes}: expected an integer >= 1")
+    unknown = [f for f in frameworks if f not in KNOWN_FRAMEWORKS]
+    if unknown:
+        raise UserError(f"--framework {unknown[0]!r}: expected one of {', '.join(KNOWN_FRAMEWORKS)}")
+    gpus = gpus_per_node or 0
+    tasks = gpus if gpus else 2
+    return Request(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus, partition=partition, quick=quick,
+                   frameworks=frameworks)
+
+
+def expected_env(site: Site) -> dict[str, str]:
+    """The variables the profile puts into every job, which each rank should see."""
+    return {**interconnect_env(site.profile.interconnect), **{k: str(v) for k, v in site.profile.env.items()}}
+
+
+def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
+    """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
+    tail)."""
+    from submitit.core import utils
+
+    from hpcvod.jobs.python_api import HpcvodExecutor
+    from hpcvod.runtime.sitecheck import probe
+
+    params: dict[str, Any] = {"nodes": request.nodes, "tasks_per_node": request.tasks_per_node,
+                              "job_name": JOB_NAME, "time": "00:15:00"}
+    if request.gpus_per_node:
+        params["gpus_per_node"] = request.gpus_per_node
+    if request.partition:
+        params["partition"] = request.partition
+    executor = HpcvodExecutor(folder=folder, site=site, **params)
+    payload = {"env_expect": expected_env(site), "frameworks": list(request.frameworks),
+               "max_bytes": (4 if request.quick else 256) * MIB}
+    job = executor.submit(probe, payload)
+    try:
+        job.results()
+    except (utils.FailedJobError, utils.UncompletedJobError):
+        pass  # the records that exist are the evidence; the rest is judged below
+    records: list[Optional[dict]] = []
+    for rank in range(request.world_size):
+        outcome = job._outcome(rank)
+        records.append(outcome[1] if outcome and outcome[0] == "success" else None)
+    errors = [job._outcome(r) for r in range(request.world_size)]
+    tail = "\n".join((job.stdout() or "").splitlines()[-15:])
+    failures = [o[1].strip().splitlines()[-1] for o in errors if o and o[0] == "error"]
+    if failures:
+        tail = failures[0] + "\n" + tail
+    return job.job_dir, job.job_id, records, job.state, tail
+
+
+def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
+    got = [r for r in records if r is not None]
+    init_errors = [r["init_error"] for r in got if "init_error" in r]
+    checks = []
+    sizes = sorted({r.get("size") for r in got if "size" in r})
+    want = request.world_size
+    flavour_said = next((e for e in init_errors if "mpi4py loaded" in e), None)
+    if init_errors and not flavour_said:
+        checks.append(Check("world.size", FAIL, f"hvd.init() failed: {init_errors[0]}"[:600]))
+    elif flavour_said:
+        checks.append(Check("world.size", FAIL, "no world formed: hvd.init() refused the MPI (see world.mpi_flavour)"))
+    elif len(got) < want:
+        checks.append(Check("world.size", FAIL, f"{len(got)} of {want} ranks reported back"))
+    elif sizes == [want]:
+        checks.append(Check("world.size", PASS, f"one world of {want} ranks ({request.nodes} node(s) x "
+                                                f"{request.tasks_per_node})"))
+    elif sizes == [1] and want > 1:
+        checks.append(Check("world.size", FAIL, f"{len(got)} one-rank worlds instead of one world of {want}: the "
+                            f"launcher did not connect the ranks (launcher.mpi_plugin "
+                            f"{site.profile.launcher.mpi_plugin!r} with mpi.flavour {site.profile.mpi.flavour!r}?)"))
+    else:
+        checks.append(Check("world.size", FAIL, f"world sizes {sizes}, expected {want}"))
+    ok = [r for r in got if r.get("size") == want]
+    if len(ok) == want:
+        wrong = [f"rank {r['rank']}: local {r['local_rank']}/{r['local_size']}, cross {r['cross_rank']}/"
+                 f"{r['cross_size']}" for r in ok
+                 if r["local_size"] != request.tasks_per_node or r["cross_size"] != request.nodes
+                 or r["rank"] != r["cross_rank"] * request.tasks_per_node + r["local_rank"]
+                 or r["rank"] != r["launcher_rank"]]
+        checks.append(Check("world.layout", FAIL if wrong else PASS,
+                            "; ".join(wrong[:4]) if wrong else f"local_size {request.tasks_per_node}, cross_size "
+                            f"{request.nodes}, rank = cross_rank x {request.tasks_per_node} + local_rank"))
+        hosts = ok[0]["hosts"]
+        distinct = sorted(set(hosts))
+        checks.append(Check("world.nodes", PASS if len(distinct) == request.nodes else FAIL,
+                             f"{len(distinct)} node(s): {', '.join(distinct)}"))
+        levels = sorted({r["thread_level"] for r in ok})
+        status = PASS if levels == ["multiple"] else WARN if levels == ["serialized"] else FAIL
+        checks.append(Check("world.thread_level", status, f"MPI_THREAD_{'/'.join(levels).upper()}"
+                            + ("" if status == PASS else " (the runtime's engine needs SERIALIZED; MULTIPLE is "
+                                                       "needed for concurrent frameworks)")))
+    promised = site.profile.mpi.flavour
+    loaded = sorted({r["mpi_flavour"] for r in got if "mpi_flavour" in r})
+    if flavour_said:
+        checks.append(Check("world.mpi_flavour", FAIL, flavour_said[:600]))
+    elif loaded:
+        said = sorted({r["launcher_env"].get("HPCVOD_MPI_FLAVOUR", "") for r in got} - {""})
+        want_flavour = said[0] if promised == "auto" and said else promised
+        match = loaded == [want_flavour] or (want_flavour == "mpich" and loaded == ["mvapich"])
+        library = next(r["mpi_library"] for r in got if "mpi_library" in r)
+        checks.append(Check("world.mpi_flavour", PASS if match else FAIL,
+                            f"profile {promised}{f' ({want_flavour})' if promised == 'auto' else ''}, ranks loaded "
+                            f"{', '.join(loaded)}: {library[:100]}"))
+    return checks
+
+
+def _environment_checks(site: Site, request: Request, records: list[Optional[dict]], state: str,
+                        tail: str) -> list[Check]:
+    got = [r for r in records if r is not None]
+    checks = []
+    setup = [*(f"module load {m}" for m in site.profile.modules), *site.profile.setup]
+    if not got:
+        checks.append(Check("env.setup", FAIL, f"no rank started (job {state}); the script runs under set -e, so "
+                            f"a failing module/setup line or launcher stops it; last output:\n{tail}"))
+        return checks
+    checks.append(Check("env.setup", PASS, f"{len(setup)} module/setup line(s) ran before the ranks started"
+                        + (f": {'; '.join(setup)[:200]}" if setup else "")))
+    expected = expected_env(site)
+    wrong = sorted({f"{k}={r['env'].get(k)!r} (expected {v!r})" for r in got for k, v in expected.items()
+                    if r["env"].get(k) != v})
+    checks.append(Check("env.profile_env", FAIL if wrong else PASS,
+                        "; ".join(wrong[:4]) if wrong else f"{len(expected)} variable(s) of the profile on every rank"
+                        + (f": {', '.join(expected)}" if expected else "")))
+    pythons = sorted({r["python"] for r in got})
+    checks.append(Check("env.python", PASS if len(pythons) == 1 else WARN,
+                        f"hpcvod {got[0]['hpcvod']['file']} under {', '.join(pythons)} "
+                        f"(Python {got[0]['python_version']})"))
+    for name in request.frameworks:
+        missing = [f"{r['hostname']}: {r['frameworks'][name].get('error')}" for r in got
+                   if r["frameworks"][name]["ok"] != "yes"]
+        checks.append(Check(f"env.framework.{name}", FAIL if missing else PASS,
+                            missing[0] if missing else f"{name} {got[0]['frameworks'][name]['version']} on every rank"))
+    return checks
+
+
+def _peak(points: list[dict], key: str) -> float:
+    return max((p[key] for p in points), default=0.0)
+
+
+def link_figures(links: dict[str, Any]) -> dict[str, float]:
+    """The few numbers a report compares: latency (us) and peak bandwidth (Gbit/s) per path."""
+    out = {}
+    for path in ("intra_node", "inter_node"):
+        if links.get(path):
+            out[f"{path}.latency_us"] = links[path]["latency_us"]
+            out[f"{path}.gbps"] = _peak(links[path]["points"], "gbps")
+    if links.get("allreduce"):
+        out["allreduce.bus_gbps"] = _peak(links["allreduce"], "bus_gbps")
+    return out
+
+
+def _link_checks(site: Site, links: Optional[dict[str, Any]], previous: Optional[dict[str, Any]]) -> list[Check]:
+    if not links:
+        return [Check("links", SKIP, "not measured: the world has one rank (or never formed)")]
+    figures = link_figures(links)
+    declared = site.profile.interconnect.link_gbps
+    checks = []
+    for path in ("intra_node", "inter_node"):
+        if f"{path}.gbps" not in figures:
+            checks.append(Check(f"links.{path}", SKIP, "the job has no such pair of ranks (one node, or one rank a "
+                                                       "node)"))
+            continue
+        status, text = PASS, (f"latency {figures[f'{path}.latency_us']:.1f} us, peak {figures[f'{path}.gbps']:.2f} "
+                              f"Gbit/s (host buffers, rank 0 <-> {links[path]['peer']})")
+        if path == "inter_node" and declared:
+            share = figures[f"{path}.gbps"] / declared
+            text += f", {share:.0%} of the declared {declared:g} Gbit/s"
+            if share < DECLARED_WARN:
+                status = WARN
+        checks.append(Check(f"links.{path}", status, text))
+    checks.append(Check("links.allreduce", PASS, f"peak bus bandwidth {figures['allreduce.bus_gbps']:.2f} Gbit/s over "
+                        f"{links['world_size']} ranks, {links['allreduce'][0]['bytes'] // 1024} KiB to "
+                        f"{links['allreduce'][-1]['bytes'] // 1024} KiB"))
+    checks.extend(compare(figures, previous))
+    return checks
+
+
+def compare(figures: dict[str, float], previous: Optional[dict[str, Any]]) -> list[Check]:
+    """Each link figure against the previous report of the same site: more than 20% worse is a warn."""
+    if not previous:
+        return [Check("links.vs_previous", SKIP, "no earlier report of this site")]
+    before = previous.get("figures", {})
+    worse = []
+    for key, now in figures.items():
+        old = before.get(key)
+        if not old:
+            continue
+        # latency: higher is worse; bandwidth: lower is worse
+        change = (now - old) / old if key.endswith("latency_us") else (old - now) / old
+        if change > SLOWER_WARN:
+            worse.append(f"{key} {old:.2f} -> {now:.2f} ({change:.0%} worse)")
+    where = f"report of {previous.get('finished', '?')} in {previous.get('job_dir', '?')}"
+    return [Check("links.vs_previous", WARN if worse else PASS,
+                  ("; ".join(worse) if worse else "no link more than 20% slower") + f" (against the {where})")]
+
+
+def previous_report(root: Path, site_name: str, exclude: Path) -> Optional[dict[str, Any]]:
+    """The newest report.json of the same site under the jobs root, other than the current job's."""
+    found = []
+    for path in root.glob(f"*/{REPORT_JSON}"):
+        if path.parent == exclude:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("site") == site_name and data.get("figures"):
+            found.append((data.get("finished", ""), data))
+    return max(found, key=lambda f: f[0])[1] if found else None
+
+
+def exit_status(checks: list[Check]) -> int:
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def render_table(checks: list[Check]) -> str:
+    """CHECK  STATUS  EVIDENCE, evidence lines after the first indented under their column."""
+    width = max([len(c.name) for c in checks] + [5])
+    lines = [f"{'CHECK':<{width}}  STATUS  EVIDENCE"]
+    for c in checks:
+        first, *rest = c.evidence.splitlines() or [""]
+        lines.append(f"{c.name:<{width}}  {c.status.upper():<6}  {first}")
+        lines.extend(f"{'':<{width}}          {line}" for line in rest)
+    return "\n".join(lines)
+
+
+def render_links(links: Optional[dict[str, Any]]) -> str:
+    if not links:
+        return ""
+    rows = ["| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|"]
+    rows += [f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |"
+             for p in links["allreduce"]]
+    for path in ("intra_node", "inter_node"):
+        if links.get(path):
+            rows += ["", f"{path.replace('_', '-')} point-to-point (rank 0 <-> {links[path]['peer']}): latency "
+                     f"{links[path]['latency_us']:.1f} us", "", "| size | Gbit/s |", "|---:|---:|"]
+            rows += [f"| {p['bytes'] // 1024} KiB | {p['gbps']:.3f} |" for p in links[path]["points"]]
+    return "\n".join(rows)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    checks = [Check(**c) for c in report["checks"]]
+    rows = ["| check | status | evidence |", "|---|---|---|"]
+    rows += [f"| {c.name} | {c.status.upper()} | {' '.join(c.evidence.split()).replace('|', '/')} |" for c in checks]
+    legend = report.get("plot_legend") or {}
+    plot = (f"\n\n![bandwidth]({PLOT}) (x: message size, log scale; y: Gbit/s from 0; "
+            + ", ".join(f"{colour}: {name}" for name, colour in legend.items()) + ")") if legend else ""
+    return (f"# sites check: {report['site']}\n\nJob {report['job_id']} ({report['state']}), "
+            f"{report['request']['nodes']} node(s) x {report['request']['tasks_per_node']} rank(s), finished "
+            f"{report['finished']}: **{'FAIL' if report['exit_status'] else 'PASS'}**\n\n" + "\n".join(rows)
+            + "\n\n" + render_links(report.get("links")) + plot + "\n")
+
+
+def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    if not links:
+        return {}
+    series = {"allreduce bus bandwidth": [(p["bytes"], p["bus_gbps"]) for p in links["allreduce"]]}
+    for path in ("intra_node", "inter_node"):
+        if links.get(path):
+            series[f"{path.replace('_', '-')} point-to-point"] = [(p["bytes"], p["gbps"])
+                                                                   for p in links[path]["points"]]
+    return series
+
+
+def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
+    """Submit, wait, judge; write report.json/report.md/bandwidth.png into the job folder; return the report."""
+    job_dir, job_id, records, state, tail = _run_job(site, request, root)
+    links = next((r.get("links") for r in records if r and r.get("links")), None)
+    if links is None and (job_dir / LINKS_FILE).exists():
+        links = json.loads((job_dir / LINKS_FILE).read_text())
+    previous = previous_report(root, site.name, job_dir)
+    checks = (_world_checks(site, request, records) + _environment_checks(site, request, records, state, tail)
+              + _link_checks(site, links, previous))
+    report: dict[str, Any] = {
+        "site": site.name, "source": str(site.source), "job_dir": str(job_dir), "job_id": job_id,
+        "state": state, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "request": dataclasses.asdict(request), "checks": [dataclasses.asdict(c) for c in checks],
+        "figures": link_figures(links) if links else {}, "links": links, "exit_status": exit_status(checks)}
+    series = plot_series(links)
+    if series:
+        report["plot_legend"] = write_plot(job_dir / PLOT, series)
+        report["plot"] = str(job_dir / PLOT)
+    (job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    (job_dir / REPORT_MD).write_text(render_markdown(report))
+    return report
+
+
+def check_command(args: Any) -> int:
+    """`hpcvod sites check`: the report printed (or --json), exit 0 all pass, 1 any fail."""
+    import sys
+
+    from hpcvod.jobs.jobdir import default_roots
+    from hpcvod.launchers.host import detect_host
+    from hpcvod.schedulers import profile_options
+    from hpcvod.sites.loader import discover_site
+
+    site = discover_site(args.site, detect_host().hostname, schedulers=profile_options())
+    request = default_request(site, args.nodes, args.gpus_per_node, args.partition, args.quick,
+                              tuple(dict.fromkeys(args.framework)))
+    root = Path(args.output_dir) if args.output_dir else default_roots()[0]
+    if not args.json:
+        print(f"sites check {site.name}: one job of {request.nodes} node(s) x {request.tasks_per_node} rank(s) "
+              f"through {site.source} ...", file=sys.stderr, flush=True)
+    report = run_check(site, request, root)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_table([Check(**c) for c in report["checks"]]))
+        links = render_links(report.get("links"))
+        if links:
+            print("\n" + links)
+        print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: report in {Path(report['job_dir']) / REPORT_MD}"
+              + (f" (plot {report['plot']})" if report.get("plot") else ""))
+    return int(report["exit_status"])
