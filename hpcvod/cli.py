@@ -144,18 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--output-dir", metavar="DIR", help="where the job folder goes (default: $HPCVOD_JOBS_DIR's "
                    "first entry, then ./hpcvod-jobs); earlier reports there are compared")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
-    q = sites.add_parser("check", help="run one acceptance job through a profile: world, environment, links "
-                         "(exit 0 all pass, 1 any fail)")
-    q.add_argument("site", metavar="SITE", nargs="?", help="profile name or path (default: as --site finds one)")
-    q.add_argument("--nodes", type=int, help="nodes (default 2; 1 on local or a one-node partition)")
-    q.add_argument("--gpus-per-node", type=int, help="GPUs a node, one rank each (default: 2 CPU ranks a node)")
-    q.add_argument("--partition", help="partition or queue (default: the profile's)")
-    q.add_argument("--quick", action="store_true", help="measure messages up to 4 MiB instead of 256 MiB")
-    q.add_argument("--framework", action="append", default=[], metavar="NAME",
-                   help="a framework the ranks must import (repeatable): torch, tensorflow, mxnet, ...")
-    q.add_argument("--output-dir", metavar="DIR", help="where the job folder goes (default: $HPCVOD_JOBS_DIR's "
-                   "first entry, then ./hpcvod-jobs); earlier reports there are compared")
-    q.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
                        usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")
@@ -476,10 +464,6 @@ def cmd_sites(args: argparse.Namespace) -> int:
         data["scheduler_options"] = to_data(site.scheduler_options)
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
         return EXIT_OK
-    if args.sites_command == "check":
-        from hpcvod.jobs.sitecheck import check_command
-
-        return check_command(args)
     if args.sites_command == "check":
         from hpcvod.jobs.sitecheck import check_command
 
