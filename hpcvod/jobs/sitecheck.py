@@ -325,9 +325,23 @@ def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, 
     return series
 
 
+def _refused_report(site: Site, request: Request, reason: str) -> dict[str, Any]:
+    checks = [Check("world.mpi_flavour", FAIL, f"refused before submitting: {reason}")]
+    return {"site": site.name, "source": str(site.source), "job_dir": None, "job_id": None, "state": "NOT SUBMITTED",
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "request": dataclasses.asdict(request),
+            "checks": [dataclasses.asdict(c) for c in checks], "figures": {}, "links": None,
+            "exit_status": exit_status(checks)}
+
+
 def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
     """Submit, wait, judge; write report.json/report.md/bandwidth.png into the job folder; return the report."""
-    job_dir, job_id, records, state, tail = _run_job(site, request, root)
+    try:
+        job_dir, job_id, records, state, tail = _run_job(site, request, root)
+    except UserError as err:
+        if "mpi.flavour" not in str(err):
+            raise  # a usage error (too many nodes for the partition...): exit 2 as every command does
+        # submit's own check found the job's Python loading another MPI: that is this check's finding
+        return _refused_report(site, request, str(err))
     links = next((r.get("links") for r in records if r and r.get("links")), None)
     if links is None and (job_dir / LINKS_FILE).exists():
         links = json.loads((job_dir / LINKS_FILE).read_text())
@@ -373,6 +387,7 @@ def check_command(args: Any) -> int:
         links = render_links(report.get("links"))
         if links:
             print("\n" + links)
-        print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: report in {Path(report['job_dir']) / REPORT_MD}"
+        where = f"report in {Path(report['job_dir']) / REPORT_MD}" if report["job_dir"] else "no job submitted"
+        print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: {where}"
               + (f" (plot {report['plot']})" if report.get("plot") else ""))
     return int(report["exit_status"])
