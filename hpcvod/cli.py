@@ -223,22 +223,6 @@ def _print_json(data: object) -> None:
 # ---- commands ---------------------------------------------------------------------------------------------
 
 
-def job_mpi_check(plan) -> tuple[str | None, str]:
-    """(a one-line refusal or None, the comparison as `doctor` shows it): the MPI the job's Python loads with the
-    job's environment against the site's flavour, checked before anything is queued."""
-    from hpcvod.launchers import without_outer_launch
-    from hpcvod.launchers.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
-
-    promised = f"site {plan.site} launches {FLAVOUR_NAMES.get(plan.mpi_flavour, plan.mpi_flavour)}"
-    why_not = unknowable(plan.container, plan.modules, plan.setup)
-    python = job_python(plan.program_argv)
-    if why_not or python is None:
-        return None, f"{promised}; not checked here: {why_not or 'the job runs no Python'}"
-    found = job_mpi(python, {**without_outer_launch(os.environ), **plan.env})
-    problem = mismatch(plan.site, plan.mpi_flavour, found)
-    return problem, f"{promised}; the job's Python {found.describe()}"
-
-
 def _site_job_mpi(site) -> tuple[str | None, str]:
     """`doctor`'s view of submit's MPI check: a job of ``site`` run from here (a .py script, the defaults)."""
     import dataclasses
@@ -251,12 +235,14 @@ def _site_job_mpi(site) -> tuple[str | None, str]:
     with tempfile.TemporaryDirectory(prefix="hpcvod-doctor-") as tmp:
         (Path(tmp) / "train.py").write_text("")
         plan = resolve(JobSpec(program="train.py"), site, dataclasses.replace(detect_host(), cwd=tmp))
+    from hpcvod.jobs.submission import job_mpi_check
+
     return job_mpi_check(plan)
 
 
 def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
     from hpcvod.jobs.jobdir import DEFAULT_ROOT
-    from hpcvod.jobs.submission import secret_values, submit_prepared
+    from hpcvod.jobs.submission import refuse_another_mpi, secret_values, submit_prepared
     from hpcvod.jobs.watch import follow_output
 
     prepared = _prepare(args, program, argv)
@@ -267,9 +253,7 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
         else:
             sys.stdout.write(prepared.script)
         return EXIT_OK
-    problem, _ = job_mpi_check(prepared.plan)
-    if problem:
-        raise UserError(problem)  # before the job waits in a queue only to start N one-rank worlds
+    refuse_another_mpi(prepared.plan)
     ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT))
     if not args.json:
         print(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}")

@@ -34,7 +34,7 @@ from submitit.core import core, utils
 
 from hpcvod.jobs.jobdir import JobRef, ensure_root
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared
+from hpcvod.jobs.submission import cancel_job, job_status, prepare, refuse_another_mpi, submit_prepared
 from hpcvod.jobs.watch import wait_for
 from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
@@ -215,7 +215,9 @@ class HpcvodExecutor(core.PicklingExecutor):
         return self._prepared().plan.world_size
 
     def _submit_command(self, command: str) -> core.Job:  # noqa: ARG002 - submitit's signature
-        ref = submit_prepared(self._prepared(), Path(self.folder))
+        prepared = self._prepared()
+        refuse_another_mpi(prepared.plan)
+        ref = submit_prepared(prepared, Path(self.folder))
         assert ref.job_dir is not None
         # the pickles live in the job folder, next to the script and output.log
         return HpcvodJob(folder=ref.job_dir, job_id=ref.job_id, ref=ref)

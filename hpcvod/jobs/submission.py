@@ -154,3 +154,27 @@ def cancel_job(ref: JobRef) -> None:
         if ref.job_dir is not None and not marked_before:
             (ref.job_dir / CANCEL_FILE).unlink(missing_ok=True)
         raise
+
+
+def job_mpi_check(plan: LaunchPlan) -> tuple[str | None, str]:
+    """(a one-line refusal or None, the comparison as `doctor` shows it): the MPI the job's Python loads with the
+    job's environment against the site's flavour, checked before anything is queued."""
+    from hpcvod.launchers import without_outer_launch
+    from hpcvod.launchers.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
+
+    promised = f"site {plan.site} launches {FLAVOUR_NAMES.get(plan.mpi_flavour, plan.mpi_flavour)}"
+    why_not = unknowable(plan.container, plan.modules, plan.setup)
+    python = job_python(plan.program_argv)
+    if why_not or python is None:
+        return None, f"{promised}; not checked here: {why_not or 'the job runs no Python'}"
+    found = job_mpi(python, {**without_outer_launch(os.environ), **plan.env})
+    problem = mismatch(plan.site, plan.mpi_flavour, found)
+    return problem, f"{promised}; the job's Python {found.describe()}"
+
+
+def refuse_another_mpi(plan: LaunchPlan) -> None:
+    """``submit``'s check (CLI and Python API): a job whose Python would load another MPI than the site launches
+    is refused in one line, before it waits in a queue only to start N one-rank worlds."""
+    problem, _ = job_mpi_check(plan)
+    if problem:
+        raise UserError(problem)

@@ -73,3 +73,13 @@ def test_doctor_site_prints_the_same_comparison(job):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert re.search(r"^job's MPI\s+FAIL\s+site .* launches the ranks with Open MPI .* loads MPICH", bad.stdout,
                      re.M), bad.stdout
+
+
+def test_the_python_api_makes_the_same_check(job):
+    import hpcvod.jobs
+    from hpcvod.sites.errors import UserError
+
+    site = _site(job, "openmpi", OPENMPI / "bin" / "mpirun")
+    with pytest.raises(UserError, match=r"launches the ranks with Open MPI .* loads MPICH"):
+        hpcvod.jobs.submit(print, site=str(site), tasks_per_node=2, folder=job / "api-jobs")
+    assert not any((job / "api-jobs").glob("*/job.sh"))
