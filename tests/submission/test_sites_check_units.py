@@ -1,0 +1,216 @@
+"""`hpcvod sites check` pieces that need no cluster: the PNG writer (read back by an independent decoder), the
+checks' judgement of rank records, report rendering, the comparison with a previous report, interconnect.link_gbps.
+The acceptance job itself runs in tests/cluster/test_sites_check.py and in the local test at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from hpcvod.jobs import sitecheck
+from hpcvod.jobs.png import COLOURS, line_plot
+from hpcvod.schedulers import profile_options
+from hpcvod.sites import UserError, load_site
+from hpcvod.sites.profile import Interconnect
+from hpcvod.sites.spec import field_docs, from_data, json_schema
+from submission_helpers import clean_env, hpcvod as hpcvod_cli
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[list[tuple[int, int, int]]]]:
+    """An 8-bit RGB PNG read back: every chunk's CRC checked, IDAT inflated, filter type 0 rows (all the writer
+    emits) turned into pixels. Written from the PNG specification, not from the writer."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "PNG signature"
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, f"CRC of {kind!r}"
+        chunks.append((kind, body))
+        pos += 12 + length
+    assert [k for k, _ in chunks][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
+    width, height, depth, colour_type, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert (depth, colour_type, interlace) == (8, 2, 0)
+    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    assert len(raw) == height * (1 + 3 * width)
+    rows = []
+    for y in range(height):
+        line = raw[y * (1 + 3 * width):(y + 1) * (1 + 3 * width)]
+        assert line[0] == 0
+        rows.append([tuple(line[1 + 3 * x:4 + 3 * x]) for x in range(width)])
+    return width, height, rows
+
+
+def test_plot_is_a_valid_png_with_each_line_in_its_colour() -> None:
+    series = {"allreduce": [(4096, 0.1), (65536, 1.0), (1 << 20, 3.0)], "p2p": [(65536, 2.0), (1 << 20, 0.5)]}
+    data, legend = line_plot(series, width=200, height=120, margin=10)
+    width, height, rows = decode_png(data)
+    assert (width, height) == (200, 120)
+    assert legend == {"allreduce": COLOURS[0][0], "p2p": COLOURS[1][0]}
+    seen = {px for row in rows for px in row}
+    assert COLOURS[0][1] in seen and COLOURS[1][1] in seen
+    # the top of the y axis is the largest value: allreduce's last point touches the top margin row
+    assert COLOURS[0][1] in rows[10][-15:]
+
+
+def test_a_damaged_png_is_caught_by_the_decoder() -> None:
+    data = bytearray(line_plot({"a": [(1, 1.0), (4, 2.0)]}, width=20, height=20, margin=2)[0])
+    data[40] ^= 0xFF
+    with pytest.raises(AssertionError, match="CRC"):
+        decode_png(bytes(data))
+
+
+def record(launcher: int, host: str, size: int = 4, **extra) -> dict:
+    rank = launcher
+    base = {"hostname": host, "launcher_rank": launcher, "python": "/venv/bin/python", "python_version": "3.11",
+            "env": {"NCCL_IB_DISABLE": "1"}, "launcher_env": {}, "frameworks": {},
+            "hpcvod": {"file": "/x/hpcvod/__init__.py"}, "rank": rank, "size": size, "local_rank": rank % 2,
+            "local_size": 2, "cross_rank": rank // 2, "cross_size": 2, "thread_level": "multiple",
+            "mpi_library": "MPICH Version: 4", "mpi_flavour": "mpich", "hosts": ["n1", "n1", "n2", "n2"]}
+    return {**base, **extra}
+
+
+@pytest.fixture
+def sandbox():
+    return load_site("slurm-sandbox", schedulers=profile_options())
+
+
+def statuses(checks) -> dict[str, str]:
+    return {c.name: c.status for c in checks}
+
+
+def test_one_world_passes_and_one_rank_worlds_fail_with_the_reason(sandbox) -> None:
+    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    good = [record(r, "n1" if r < 2 else "n2") for r in range(4)]
+    assert set(statuses(sitecheck._world_checks(sandbox, request, good)).values()) == {"pass"}
+    singles = [record(r, "n1" if r < 2 else "n2", size=1, rank=0, local_rank=0, local_size=1, cross_rank=0,
+                      cross_size=1) for r in range(4)]
+    checks = sitecheck._world_checks(sandbox, request, singles)
+    assert statuses(checks)["world.size"] == "fail"
+    assert "4 one-rank worlds" in checks[0].evidence and "mpi_plugin 'pmi2'" in checks[0].evidence
+    moved = [record(r, "n1" if r < 2 else "n2", cross_rank=1 - r // 2) for r in range(4)]
+    assert statuses(sitecheck._world_checks(sandbox, request, moved))["world.layout"] == "fail"
+
+
+def test_flavour_and_thread_level_and_environment_judged(sandbox) -> None:
+    request = sitecheck.Request(nodes=2, tasks_per_node=2, frameworks=("nosuch",))
+    other = [record(r, "n1" if r < 2 else "n2", mpi_flavour="openmpi", thread_level="serialized") for r in range(4)]
+    got = statuses(sitecheck._world_checks(sandbox, request, other))
+    assert got["world.mpi_flavour"] == "fail" and got["world.thread_level"] == "warn"
+    ranks = [record(r, "n1", env={"NCCL_IB_DISABLE": "0"},
+                    frameworks={"nosuch": {"ok": "no", "error": "ModuleNotFoundError: nosuch"}}) for r in range(4)]
+    checks = sitecheck._environment_checks(sandbox, request, ranks, "COMPLETED", "")
+    got = statuses(checks)
+    assert got["env.profile_env"] == "fail" and got["env.framework.nosuch"] == "fail" and got["env.setup"] == "pass"
+    nothing = sitecheck._environment_checks(sandbox, request, [None] * 4, "FAILED", "line 28: /x: No such file")
+    assert nothing[0].status == "fail" and "No such file" in nothing[0].evidence
+
+
+LINKS = {"world_size": 4, "nodes": 2, "buffers": "host",
+         "intra_node": {"peer": 1, "latency_us": 10.0, "points": [{"bytes": 65536, "seconds": 1e-4, "gbps": 5.0}]},
+         "inter_node": {"peer": 2, "latency_us": 50.0, "points": [{"bytes": 65536, "seconds": 1e-3, "gbps": 2.0}]},
+         "allreduce": [{"bytes": 4096, "seconds": 1e-3, "bus_gbps": 0.1},
+                       {"bytes": 65536, "seconds": 2e-3, "bus_gbps": 1.0}]}
+
+
+def test_comparison_with_the_previous_report_warns_on_a_link_20_percent_slower() -> None:
+    figures = sitecheck.link_figures(LINKS)
+    assert figures == {"intra_node.latency_us": 10.0, "intra_node.gbps": 5.0, "inter_node.latency_us": 50.0,
+                       "inter_node.gbps": 2.0, "allreduce.bus_gbps": 1.0}
+    assert sitecheck.compare(figures, None)[0].status == "skip"
+    same = sitecheck.compare(figures, {"figures": dict(figures)})[0]
+    assert same.status == "pass"
+    slower = {**figures, "inter_node.gbps": 2.6, "intra_node.latency_us": 8.0}   # now 23% / 25% worse
+    check = sitecheck.compare(figures, {"figures": slower, "finished": "yesterday"})[0]
+    assert check.status == "warn"
+    assert "inter_node.gbps 2.60 -> 2.00" in check.evidence and "intra_node.latency_us" in check.evidence
+    assert sitecheck.compare(figures, {"figures": {**figures, "inter_node.gbps": 2.4}})[0].status == "pass"  # 17%
+
+
+def test_previous_report_is_the_newest_of_the_same_site(tmp_path: Path) -> None:
+    for name, site, finished in (("a", "s", "2026-01-01"), ("b", "s", "2026-02-01"), ("c", "t", "2026-03-01"),
+                                 ("d", "s", "2026-04-01")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"site": site, "finished": finished,
+                                                                  "figures": {"x": 1}}))
+    assert sitecheck.previous_report(tmp_path, "s", exclude=tmp_path / "d")["finished"] == "2026-02-01"
+    assert sitecheck.previous_report(tmp_path, "u", exclude=tmp_path / "d") is None
+
+
+def test_declared_link_speed_is_compared(sandbox) -> None:
+    import dataclasses
+
+    slow = dataclasses.replace(sandbox, profile=dataclasses.replace(
+        sandbox.profile, interconnect=dataclasses.replace(sandbox.profile.interconnect, link_gbps=100.0)))
+    checks = statuses(sitecheck._link_checks(slow, LINKS, None))
+    assert checks["links.inter_node"] == "warn" and checks["links.intra_node"] == "pass"
+    fine = dataclasses.replace(slow, profile=dataclasses.replace(
+        slow.profile, interconnect=dataclasses.replace(slow.profile.interconnect, link_gbps=3.0)))
+    assert statuses(sitecheck._link_checks(fine, LINKS, None))["links.inter_node"] == "pass"
+
+
+def test_report_renders_as_table_and_markdown() -> None:
+    checks = [sitecheck.Check("world.size", "pass", "one world of 4"),
+              sitecheck.Check("env.setup", "fail", "no rank started\nline 28: x | y")]
+    table = sitecheck.render_table(checks).splitlines()
+    assert table[0].split() == ["CHECK", "STATUS", "EVIDENCE"]
+    assert table[2].split()[:3] == ["env.setup", "FAIL", "no"] and table[3].strip() == "line 28: x | y"
+    assert sitecheck.exit_status(checks) == 1 and sitecheck.exit_status(checks[:1]) == 0
+    report = {"site": "s", "job_id": "7", "state": "COMPLETED", "finished": "now", "exit_status": 1,
+              "request": {"nodes": 2, "tasks_per_node": 2}, "checks": [c.__dict__ for c in checks],
+              "links": LINKS, "plot_legend": {"allreduce bus bandwidth": "blue"}}
+    md = sitecheck.render_markdown(report)
+    assert "| env.setup | FAIL | no rank started line 28: x / y |" in md
+    assert "| 64 KiB | 1.000 |" in md and "blue: allreduce bus bandwidth" in md and "**FAIL**" in md
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, "interconnect.link_gbps: expected a number > 0, got 0"),
+    (-5, "interconnect.link_gbps: expected a number > 0, got -5"),
+    ("200G", "interconnect.link_gbps: expected a number > 0, got '200G' (str)"),
+    (float("inf"), "interconnect.link_gbps: expected a number > 0, got inf (float)"),
+])
+def test_link_gbps_bad_values_say_what_was_expected(value, message) -> None:
+    from hpcvod.sites.errors import ProfileError
+
+    with pytest.raises(ProfileError) as err:
+        from_data(Interconnect, {"link_gbps": value}, ("interconnect",))
+    assert str(err.value) == message
+
+
+def test_link_gbps_in_schema_and_reference() -> None:
+    assert from_data(Interconnect, {"link_gbps": 200}).link_gbps == 200.0
+    assert from_data(Interconnect, {"link_gbps": 12.5}).link_gbps == 12.5
+    schema = json_schema(Interconnect)["properties"]["link_gbps"]
+    assert {"type": "number", "exclusiveMinimum": 0} in schema["anyOf"]
+    rows = {key: expected for key, expected, _ in field_docs(Interconnect)}
+    assert rows["link_gbps"] == "a number > 0 or nothing (null)"
+
+
+def test_bad_framework_and_partition_are_usage_errors(sandbox) -> None:
+    with pytest.raises(UserError, match="--framework 'pytorch': expected one of torch"):
+        sitecheck.default_request(sandbox, None, None, None, True, ("pytorch",))
+    with pytest.raises(UserError, match="--partition 'gpu': site slurm-sandbox has debug, urgent"):
+        sitecheck.default_request(sandbox, None, None, "gpu", True, ())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_local_site_check_passes_and_keeps_its_report(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    done = hpcvod_cli("sites", "check", "local", "--quick", "--json", "--output-dir", str(tmp_path / "jobs"),
+                      cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    got = {c["name"]: c["status"] for c in report["checks"]}
+    assert got["world.size"] == got["world.mpi_flavour"] == got["links.allreduce"] == "pass", got
+    assert got["links.inter_node"] == "skip"  # one node
+    job_dir = Path(report["job_dir"])
+    assert {"report.json", "report.md", "bandwidth.png", "links.json"} <= set(os.listdir(job_dir))
+    decode_png((job_dir / "bandwidth.png").read_bytes())
+    assert [p["bytes"] for p in report["links"]["allreduce"]] == [4096 * 4 ** i for i in range(6)]  # to 4 MiB
