@@ -76,6 +76,9 @@ def _without_comment(line: str) -> str:
 NOT_HERE = (
     (re.compile(r"--dependency[ =]\S*[A-Za-z][\w.-]*-\d{8}-\d{6}"),
      "depends on the job folder of an earlier submit, which a fresh clone has not made"),
+    (re.compile(r"compute_worker|data_service"),
+     "one half of a pair (the tf.data service's compute job and its training job meet through a config file); "
+     "tests/frameworks/test_tf_data_service.py runs both halves together"),
 )
 
 
