@@ -1,8 +1,8 @@
 """``hpcvod sites check``: prove a site profile with one short acceptance job and judge what its ranks saw.
 
-The job is an ordinary Python-API job (``hpcvod.jobs.python_api``): the profile's own template, launcher line,
-modules and setup. Every rank runs ``hpcvod.runtime.sitecheck.probe``; this module turns the records into checks
-(pass / warn / fail, each with its evidence), a bandwidth plot, ``report.json`` and ``report.md`` in the job folder,
+The job is an ordinary hpcvod job (the profile's own template, launcher line, modules and setup) whose program
+is ``sitecheck_worker.py``: every rank runs ``hpcvod.runtime.sitecheck.probe`` and writes its record as JSON.
+This module turns the records into checks (pass / warn / fail, each with its evidence), a bandwidth plot, ``report.json`` and ``report.md`` in the job folder,
 and compares the links with the previous report of the same site.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcvod.jobs.png import write_plot
-from hpcvod.runtime.sitecheck import LINKS_FILE, MIB
+from hpcvod.runtime.sitecheck import LINKS_FILE, MIB, RECORDS_DIR
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import interconnect_env
@@ -25,6 +25,7 @@ JOB_NAME = "sites-check"
 REPORT_JSON, REPORT_MD, PLOT = "report.json", "report.md", "bandwidth.png"
 SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a warn
 DECLARED_WARN = 0.5          # inter-node bandwidth under half the profile's link_gbps is a warn
+WORKER = Path(__file__).resolve().parent / "sitecheck_worker.py"
 KNOWN_FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax", "numpy", "cupy")
 
 
@@ -77,38 +78,43 @@ def expected_env(site: Site) -> dict[str, str]:
     return {**interconnect_env(site.profile.interconnect), **{k: str(v) for k, v in site.profile.env.items()}}
 
 
+class _Refused(Exception):
+    """Submit's MPI check refused the job before it was queued."""
+
+
 def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
     """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
-    tail)."""
-    from submitit.core import utils
+    tail). An ordinary job: the profile's template, launcher line, modules and setup."""
+    import io
 
-    from hpcvod.jobs.python_api import HpcvodExecutor
-    from hpcvod.runtime.sitecheck import probe
+    from hpcvod.jobs.spec import JobSpec
+    from hpcvod.jobs.submission import job_mpi_check, job_status, prepare, submit_prepared
+    from hpcvod.jobs.watch import wait_for
+    from hpcvod.launchers.host import detect_host
 
-    params: dict[str, Any] = {"nodes": request.nodes, "tasks_per_node": request.tasks_per_node,
-                              "job_name": JOB_NAME, "time": "00:15:00"}
-    if request.gpus_per_node:
-        params["gpus_per_node"] = request.gpus_per_node
-    if request.partition:
-        params["partition"] = request.partition
-    executor = HpcvodExecutor(folder=folder, site=site, **params)
     payload = {"env_expect": expected_env(site), "frameworks": list(request.frameworks),
                "max_bytes": (4 if request.quick else 256) * MIB}
-    job = executor.submit(probe, payload)
-    try:
-        job.results()
-    except (utils.FailedJobError, utils.UncompletedJobError):
-        pass  # the records that exist are the evidence; the rest is judged below
+    spec = JobSpec(program=str(WORKER), args=(json.dumps(payload),), nodes=request.nodes,
+                   tasks_per_node=request.tasks_per_node, gpus_per_node=request.gpus_per_node or None,
+                   partition=request.partition, time="00:15:00", job_name=JOB_NAME)
+    prepared = prepare(spec, site, detect_host(), command=("sites", "check", site.name))
+    problem, _ = job_mpi_check(prepared.plan)   # submit's own check: this Python would start N one-rank worlds
+    if problem:
+        raise _Refused(problem)
+    ref = submit_prepared(prepared, folder)
+    assert ref.job_dir is not None
+    wait_for(ref, stream=io.StringIO())
+    state = job_status(ref).state
     records: list[Optional[dict]] = []
     for rank in range(request.world_size):
-        outcome = job._outcome(rank)
-        records.append(outcome[1] if outcome and outcome[0] == "success" else None)
-    errors = [job._outcome(r) for r in range(request.world_size)]
-    tail = "\n".join((job.stdout() or "").splitlines()[-15:])
-    failures = [o[1].strip().splitlines()[-1] for o in errors if o and o[0] == "error"]
+        path = ref.job_dir / RECORDS_DIR / f"{rank}.json"
+        records.append(json.loads(path.read_text()) if path.exists() else None)
+    tail = "\n".join((ref.output.read_text(errors="replace") if ref.output.exists() else "").splitlines()[-15:])
+    failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
     if failures:
         tail = failures[0] + "\n" + tail
-    return job.job_dir, job.job_id, records, job.state, tail
+    records = [None if r is None or "error" in r else r for r in records]
+    return ref.job_dir, ref.job_id, records, state, tail
 
 
 def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
@@ -337,10 +343,7 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
     """Submit, wait, judge; write report.json/report.md/bandwidth.png into the job folder; return the report."""
     try:
         job_dir, job_id, records, state, tail = _run_job(site, request, root)
-    except UserError as err:
-        if "mpi.flavour" not in str(err):
-            raise  # a usage error (too many nodes for the partition...): exit 2 as every command does
-        # submit's own check found the job's Python loading another MPI: that is this check's finding
+    except _Refused as err:  # the job's Python loads another MPI: this check's finding, not a usage error
         return _refused_report(site, request, str(err))
     links = next((r.get("links") for r in records if r and r.get("links")), None)
     if links is None and (job_dir / LINKS_FILE).exists():

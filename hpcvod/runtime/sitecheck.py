@@ -21,6 +21,7 @@ from typing import Any, Optional
 from .world import hostname, launcher_rank
 
 LINKS_FILE = "links.json"
+RECORDS_DIR = "sitecheck"   # each rank's record, <rank>.json, in the job folder
 KIB = 1024
 MIB = 1024 * KIB
 PING_REPS = 100              # 8-byte round trips for the latency figure
@@ -117,6 +118,8 @@ def _peers(hosts: list[str]) -> tuple[Optional[int], Optional[int]]:
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
     """Everything one rank can tell about the site; rank 0's record also carries the link measurements."""
+    if not isinstance(request, dict):
+        raise TypeError(f"probe(request): expected a mapping, got {type(request).__name__}")
     record: dict[str, Any] = {
         "hostname": hostname(), "launcher_rank": launcher_rank(), "python": sys.executable,
         "python_version": sys.version.split()[0], "pid": os.getpid(),

@@ -1,0 +1,33 @@
+"""What every rank of a `hpcvod sites check` job runs: ``hpcvod.runtime.sitecheck.probe`` on the request given as
+the one argument (JSON), its record written to ``$HPCVOD_JOB_DIR/sitecheck/<rank>.json`` for the submitter. Plain
+files, not the Python API's pickles: the check must work in a job Python without submitit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from hpcvod.runtime.sitecheck import RECORDS_DIR, probe
+from hpcvod.runtime.world import launcher_rank
+
+
+def main() -> int:
+    out = Path(os.environ["HPCVOD_JOB_DIR"], RECORDS_DIR)
+    out.mkdir(exist_ok=True)
+    rank = launcher_rank() or 0
+    try:
+        record = probe(json.loads(sys.argv[1]))
+    except Exception:  # the submitter shows it as evidence; the job's exit status says it failed
+        traceback.print_exc()
+        record = {"error": traceback.format_exc()[-3000:]}
+    tmp = out / f".{rank}.json.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.rename(out / f"{rank}.json")
+    return 1 if "error" in record or "init_error" in record else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

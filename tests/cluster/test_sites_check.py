@@ -1,0 +1,107 @@
+"""`hpcvod sites check` on the real 2-node Slurm test cluster: every shipped sandbox profile passes (one job each,
+messages up to 4 MiB), the report lands in the job folder with a valid PNG and is compared with the previous one,
+and deliberately broken copies of the profile fail with their own reason each."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster_helpers import REPO, Cluster, flavours, hpcvod, require_flavour
+
+sys.path.insert(0, str(REPO / "tests" / "submission"))
+from test_sites_check_units import decode_png  # noqa: E402 - the one PNG reader of the tests
+
+pytestmark = [pytest.mark.cluster, pytest.mark.mpi, pytest.mark.timeout(300)]
+
+SANDBOX = REPO / "hpcvod" / "site_configs" / "slurm-sandbox.yaml"
+
+
+def check(tmp_path: Path, site: object, venv: Path = REPO / ".venv") -> tuple[int, dict]:
+    done = hpcvod("sites", "check", site, "--quick", "--json", "--output-dir", tmp_path / "jobs", cwd=tmp_path,
+                  venv=venv, timeout=240)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["exit_status"] == done.returncode
+    return done.returncode, report
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def evidence(report: dict, name: str) -> str:
+    return next(c["evidence"] for c in report["checks"] if c["name"] == name)
+
+
+def test_main_profile_passes_keeps_report_and_plot_and_compares_with_the_last_one(slurm_cluster: Cluster,
+                                                                                   tmp_path: Path) -> None:
+    # an earlier report of this site whose links were 10x faster: this run must say which link got slower
+    earlier = tmp_path / "jobs" / "sites-check-earlier"
+    earlier.mkdir(parents=True)
+    (earlier / "report.json").write_text(json.dumps({"site": "slurm-sandbox", "finished": "2026-01-01T00:00:00",
+                                                     "figures": {"inter_node.gbps": 1000.0}}))
+    status, report = check(tmp_path, "slurm-sandbox")
+    got = statuses(report)
+    assert status == 0, report["checks"]
+    for name in ("world.size", "world.layout", "world.nodes", "world.thread_level", "world.mpi_flavour",
+                 "env.setup", "env.profile_env", "env.python", "links.intra_node", "links.inter_node",
+                 "links.allreduce"):
+        assert got[name] == "pass", (name, report["checks"])
+    assert "2 node(s): n1, n2" in evidence(report, "world.nodes")
+    assert got["links.vs_previous"] == "warn" and "inter_node.gbps 1000.00 ->" in evidence(report, "links.vs_previous")
+    job_dir = Path(report["job_dir"])
+    assert "srun --mpi=pmi2" in (job_dir / "job.sbatch").read_text()   # the launcher line a user's job gets
+    links = json.loads((job_dir / "links.json").read_text())           # written by rank 0 inside the job
+    assert links["nodes"] == 2 and links["world_size"] == 4
+    assert [p["bytes"] for p in links["allreduce"]][-1] == 4 << 20
+    assert all(p["bus_gbps"] > 0 for p in links["allreduce"])
+    width, height, _ = decode_png((job_dir / "bandwidth.png").read_bytes())
+    assert width > 100 and height > 100
+    md = (job_dir / "report.md").read_text()
+    assert "| world.size | PASS | one world of 4 ranks" in md and "bandwidth.png" in md
+
+
+@pytest.mark.parametrize("site,flavour_name", [("slurm-sandbox-openmpi", "openmpi"),
+                                               ("slurm-sandbox-intelmpi", "impi"),
+                                               ("slurm-sandbox-mpirun", "mpich")])
+def test_every_other_sandbox_profile_passes(slurm_cluster: Cluster, tmp_path: Path, site: str,
+                                            flavour_name: str) -> None:
+    flavour = flavours()[flavour_name]
+    require_flavour(flavour)
+    status, report = check(tmp_path, site, venv=flavour.venv)
+    assert status == 0, report["checks"]
+    assert statuses(report)["world.size"] == "pass"
+
+
+def broken(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "broken.yaml"
+    path.write_text(f"extends: {SANDBOX}\ndescription: a broken copy of slurm-sandbox\n{body}")
+    return path
+
+
+def test_wrong_mpi_plugin_fails_world_size_with_the_one_rank_worlds(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    status, report = check(tmp_path, broken(tmp_path, "launcher:\n  kind: srun\n  mpi_plugin: none\n"))
+    assert status == 1
+    assert statuses(report)["world.size"] == "fail"
+    assert "alone in an MPI world of size 1" in evidence(report, "world.size")
+    assert statuses(report)["links"] == "skip"
+
+
+def test_flavour_that_does_not_match_the_venv_fails_world_mpi_flavour(slurm_cluster: Cluster,
+                                                                        tmp_path: Path) -> None:
+    status, report = check(tmp_path, broken(tmp_path, "mpi:\n  flavour: openmpi\nlauncher:\n  kind: srun\n"
+                                                      "  mpi_plugin: pmix\n"))
+    assert status == 1
+    assert statuses(report)["world.mpi_flavour"] == "fail"
+    assert "Open MPI" in evidence(report, "world.mpi_flavour") and "MPICH" in evidence(report, "world.mpi_flavour")
+
+
+def test_setup_line_that_fails_is_named(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    status, report = check(tmp_path, broken(tmp_path, "setup:\n  - source /nonexistent/site-env.sh\n"))
+    assert status == 1
+    assert statuses(report)["env.setup"] == "fail"
+    assert "/nonexistent/site-env.sh: No such file or directory" in evidence(report, "env.setup")
