@@ -47,13 +47,25 @@ except Exception as err:  # no driver: CuPy imports but cannot see a GPU
     gpus, why = 0, str(err).splitlines()[0][:60]
 else:
     why = ""
+def cuda_version(get):
+    try:
+        v = get()
+    except Exception:
+        return "?"
+    return f"{v // 1000}.{v % 1000 // 10}"
+cuda_text = (f"CUDA runtime {cuda_version(cupy.cuda.runtime.runtimeGetVersion)}, "
+             f"driver {cuda_version(cupy.cuda.runtime.driverGetVersion)}")
 try:
     from cupy.cuda import nccl
     version = nccl.get_version()
     nccl_text = f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
+    if gpus > 0:   # what runtime/nccl.py runs on the device when every rank has its own GPU
+        nccl_text += ("; on NCCL: allreduce, allgather, broadcast, alltoall, reducescatter (and grouped forms); "
+                      "bfloat16 staged through host memory")
 except Exception as err:
     nccl_text = "NCCL unavailable (" + str(err).splitlines()[0][:60] + ")"
-out = {"ok": gpus > 0, "text": f"cupy {cupy.__version__}; {gpus} GPU(s){' (' + why + ')' if why else ''}; {nccl_text}"}
+out = {"ok": gpus > 0, "text": f"cupy {cupy.__version__}; {cuda_text}; {gpus} GPU(s)"
+                              f"{' (' + why + ')' if why else ''}; {nccl_text}"}
 """,
     "torch": """
 import torch
