@@ -2,8 +2,8 @@
 
 The job is an ordinary hpcvod job (the profile's own template, launcher line, modules and setup) whose program
 is ``sitecheck_worker.py``: every rank runs ``hpcvod.runtime.sitecheck.probe`` and writes its record as JSON.
-This module turns the records into checks (pass / warn / fail, each with its evidence), a bandwidth plot, ``report.json`` and ``report.md`` in the job folder,
-and compares the links with the previous report of the same site.
+This module turns the records into checks (pass / warn / fail, each with its evidence), a bandwidth plot,
+``report.json`` and ``report.md`` in the job folder, and compares the links with the previous report of the same site.
 """
 
 from __future__ import annotations
@@ -202,6 +202,40 @@ def _environment_checks(site: Site, request: Request, records: list[Optional[dic
     return checks
 
 
+def tcp_transport(settings: dict[str, str]) -> Optional[str]:
+    """The setting that sends MPI's traffic over TCP sockets, if one does."""
+    low = {k: v.lower() for k, v in settings.items()}
+    for key in ("FI_PROVIDER", "I_MPI_OFI_PROVIDER"):
+        if low.get(key, "").split(";")[0] in ("tcp", "sockets"):
+            return f"{key}={settings[key]}"
+    if low.get("UCX_TLS") and not any(t in low["UCX_TLS"] for t in ("rc", "ud", "dc", "ib", "all")):
+        return f"UCX_TLS={settings['UCX_TLS']}"
+    if low.get("OMPI_MCA_pml") == "ob1" and "tcp" in low.get("OMPI_MCA_btl", "tcp"):
+        return f"OMPI_MCA_pml=ob1, OMPI_MCA_btl={settings.get('OMPI_MCA_btl', '(default: tcp among others)')}"
+    return None
+
+
+def _interconnect_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
+    got = [r for r in records if r is not None and "transport" in r]
+    if not got:
+        return [Check("interconnect.mpi_transport", SKIP, "no rank got as far as MPI")]
+    kind = site.profile.interconnect.kind
+    transport = got[0]["transport"]
+    settings = transport["settings"]
+    said = ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "no transport variables set"
+    evidence = f"{said}; MPICH device {transport['device']}" if transport.get("device") else said
+    tcp = tcp_transport(settings)
+    if tcp and kind in ("infiniband", "roce") and request.nodes > 1:
+        checks = [Check("interconnect.mpi_transport", FAIL, f"the profile says {kind} but {tcp} sends MPI's "
+                        f"traffic over TCP sockets ({evidence})")]
+    else:
+        checks = [Check("interconnect.mpi_transport", PASS, f"{evidence} (interconnect.kind {kind}; read from the "
+                        f"MPI's settings and version text, not from traffic counters)")]
+    checks.append(Check("interconnect.nccl", SKIP, "no GPUs in this check (--gpus-per-node): NCCL not started"
+                        if not request.gpus_per_node else "NCCL's network choice (NCCL_DEBUG=INFO) is not read yet"))
+    return checks
+
+
 def _peak(points: list[dict], key: str) -> float:
     return max((p[key] for p in points), default=0.0)
 
@@ -350,7 +384,7 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
         links = json.loads((job_dir / LINKS_FILE).read_text())
     previous = previous_report(root, site.name, job_dir)
     checks = (_world_checks(site, request, records) + _environment_checks(site, request, records, state, tail)
-              + _link_checks(site, links, previous))
+              + _interconnect_checks(site, request, records) + _link_checks(site, links, previous))
     report: dict[str, Any] = {
         "site": site.name, "source": str(site.source), "job_dir": str(job_dir), "job_id": job_id,
         "state": state, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -26,6 +26,9 @@ KIB = 1024
 MIB = 1024 * KIB
 PING_REPS = 100              # 8-byte round trips for the latency figure
 LATENCY_BYTES = 8
+# the settings that choose the MPI's transport (what the library reports of itself comes from its version text)
+TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPIR_CVAR_NEMESIS_NETMOD", "FI_PROVIDER", "UCX_TLS", "UCX_NET_DEVICES",
+                       "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_mtl", "I_MPI_FABRICS", "I_MPI_OFI_PROVIDER")
 
 
 def sizes(max_bytes: int, start: int = 4 * KIB, step: int = 4) -> list[int]:
@@ -151,6 +154,10 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     from .world import mpi_flavour
 
     record["mpi_flavour"] = mpi_flavour(MPI.Get_library_version())
+    device = [line.split(":", 1)[1].strip() for line in MPI.Get_library_version().splitlines()
+              if line.strip().startswith("MPICH Device")]
+    record["transport"] = {"settings": {k: os.environ[k] for k in TRANSPORT_VARIABLES if k in os.environ},
+                           "device": device[0] if device else None}
     hosts = hvd.allgather_object(record["hostname"])
     record["hosts"] = hosts
     comm = MPI.COMM_WORLD.Dup()       # the runtime has its own duplicate; these ping-pongs never meet its traffic

@@ -48,10 +48,11 @@ def test_main_profile_passes_keeps_report_and_plot_and_compares_with_the_last_on
     got = statuses(report)
     assert status == 0, report["checks"]
     for name in ("world.size", "world.layout", "world.nodes", "world.thread_level", "world.mpi_flavour",
-                 "env.setup", "env.profile_env", "env.python", "links.intra_node", "links.inter_node",
-                 "links.allreduce"):
+                 "env.setup", "env.profile_env", "env.python", "interconnect.mpi_transport", "links.intra_node",
+                 "links.inter_node", "links.allreduce"):
         assert got[name] == "pass", (name, report["checks"])
     assert "2 node(s): n1, n2" in evidence(report, "world.nodes")
+    assert got["interconnect.nccl"] == "skip"
     assert got["links.vs_previous"] == "warn" and "inter_node.gbps 1000.00 ->" in evidence(report, "links.vs_previous")
     job_dir = Path(report["job_dir"])
     assert "srun --mpi=pmi2" in (job_dir / "job.sbatch").read_text()   # the launcher line a user's job gets
@@ -100,8 +101,22 @@ def test_flavour_that_does_not_match_the_venv_fails_world_mpi_flavour(slurm_clus
     assert "Open MPI" in evidence(report, "world.mpi_flavour") and "MPICH" in evidence(report, "world.mpi_flavour")
 
 
-def test_setup_line_that_fails_is_named(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    status, report = check(tmp_path, broken(tmp_path, "setup:\n  - source /nonexistent/site-env.sh\n"))
+@pytest.mark.parametrize("body, said", [
+    ("setup:\n  - source /nonexistent/site-env.sh\n", "/nonexistent/site-env.sh: No such file or directory"),
+    # the sandbox nodes have no environment modules: `module load` is the line that stops the job
+    ("modules:\n  - nosuch/1.0\n", "module"),
+], ids=["setup", "module"])
+def test_setup_or_module_line_that_fails_is_named(slurm_cluster: Cluster, tmp_path: Path, body: str,
+                                                  said: str) -> None:
+    status, report = check(tmp_path, broken(tmp_path, body))
     assert status == 1
     assert statuses(report)["env.setup"] == "fail"
-    assert "/nonexistent/site-env.sh: No such file or directory" in evidence(report, "env.setup")
+    assert said in evidence(report, "env.setup").split("last output:")[1]
+
+
+def test_a_profile_saying_infiniband_while_mpi_uses_tcp_fails(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    status, report = check(tmp_path, broken(tmp_path, "interconnect:\n  kind: infiniband\n"))
+    assert status == 1
+    assert statuses(report)["world.size"] == "pass"
+    assert statuses(report)["interconnect.mpi_transport"] == "fail"
+    assert "says infiniband but FI_PROVIDER=tcp" in evidence(report, "interconnect.mpi_transport")

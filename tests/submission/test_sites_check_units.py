@@ -214,3 +214,31 @@ def test_local_site_check_passes_and_keeps_its_report(tmp_path: Path) -> None:
     assert {"report.json", "report.md", "bandwidth.png", "links.json"} <= set(os.listdir(job_dir))
     decode_png((job_dir / "bandwidth.png").read_bytes())
     assert [p["bytes"] for p in report["links"]["allreduce"]] == [4096 * 4 ** i for i in range(6)]  # to 4 MiB
+
+
+@pytest.mark.parametrize("settings, tcp", [
+    ({"FI_PROVIDER": "tcp"}, "FI_PROVIDER=tcp"),
+    ({"FI_PROVIDER": "tcp;ofi_rxm"}, "FI_PROVIDER=tcp;ofi_rxm"),
+    ({"FI_PROVIDER": "verbs"}, None),
+    ({"UCX_TLS": "tcp,sm"}, "UCX_TLS=tcp,sm"),
+    ({"UCX_TLS": "rc,sm"}, None),
+    ({"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,sm,tcp"}, "OMPI_MCA_pml=ob1, OMPI_MCA_btl=self,sm,tcp"),
+    ({"OMPI_MCA_pml": "ucx"}, None),
+    ({}, None),
+])
+def test_tcp_transport_is_read_from_the_settings(settings, tcp) -> None:
+    assert sitecheck.tcp_transport(settings) == tcp
+
+
+def test_a_profile_saying_infiniband_with_mpi_on_tcp_fails(sandbox) -> None:
+    import dataclasses
+
+    ranks = [record(r, "n1" if r < 2 else "n2", transport={"settings": {"FI_PROVIDER": "tcp"}, "device": "ch4:ofi"})
+             for r in range(4)]
+    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    assert statuses(sitecheck._interconnect_checks(sandbox, request, ranks)) == {
+        "interconnect.mpi_transport": "pass", "interconnect.nccl": "skip"}
+    ib = dataclasses.replace(sandbox, profile=dataclasses.replace(
+        sandbox.profile, interconnect=dataclasses.replace(sandbox.profile.interconnect, kind="infiniband")))
+    check = sitecheck._interconnect_checks(ib, request, ranks)[0]
+    assert check.status == "fail" and "says infiniband but FI_PROVIDER=tcp" in check.evidence
