@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--output-dir", metavar="DIR", help="where the job folder goes (default: $HPCVOD_JOBS_DIR's "
                    "first entry, then ./hpcvod-jobs); earlier reports there are compared")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.add_argument("--model-mib", default="100", metavar="MIB[,MIB...]",
+                   help="gradient sizes for the projected allreduce time and scaling (default 100)")
+    q.add_argument("--step-ms", type=float, default=100.0, metavar="MS",
+                   help="compute time of one training step for the projected efficiency (default 100)")
 
     p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
                        usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")

@@ -26,6 +26,7 @@ REPORT_JSON, REPORT_MD, PLOT = "report.json", "report.md", "bandwidth.png"
 SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a warn
 DECLARED_WARN = 0.5          # inter-node bandwidth under half the profile's link_gbps is a warn
 WORKER = Path(__file__).resolve().parent / "sitecheck_worker.py"
+DEFAULT_PROJECTED_NODES = 64   # the projection's last row where the partition names no max_nodes
 KNOWN_FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax", "numpy", "cupy")
 
 
@@ -46,6 +47,9 @@ class Request:
     partition: Optional[str] = None
     quick: bool = False
     frameworks: tuple[str, ...] = ()
+    model_mib: tuple[float, ...] = (100.0,)
+    step_ms: float = 100.0
+    max_nodes: int = 2
 
     @property
     def world_size(self) -> int:
@@ -53,7 +57,8 @@ class Request:
 
 
 def default_request(site: Site, nodes: Optional[int], gpus_per_node: Optional[int], partition: Optional[str],
-                    quick: bool, frameworks: tuple[str, ...]) -> Request:
+                    quick: bool, frameworks: tuple[str, ...], model_mib: tuple[float, ...] = (100.0,),
+                    step_ms: float = 100.0) -> Request:
     """Two nodes (one where the partition has one) and two ranks a node (one per GPU where GPUs are asked for)."""
     profile = site.profile
     name = partition or profile.default_partition or next(iter(profile.partitions))
@@ -70,7 +75,19 @@ def default_request(site: Site, nodes: Optional[int], gpus_per_node: Optional[in
     gpus = gpus_per_node or 0
     tasks = gpus if gpus else 2
     return Request(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus, partition=partition, quick=quick,
-                   frameworks=frameworks)
+                   frameworks=frameworks, model_mib=model_mib, step_ms=step_ms,
+                   max_nodes=part.max_nodes or DEFAULT_PROJECTED_NODES)
+
+
+def parse_model_mib(text: str) -> tuple[float, ...]:
+    """``--model-mib 100,500``: gradient sizes in MiB, each > 0."""
+    try:
+        sizes = tuple(float(word) for word in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or not all(0 < s < float("inf") for s in sizes):
+        raise UserError(f"--model-mib {text!r}: expected sizes in MiB separated by commas, e.g. 100,500")
+    return sizes
 
 
 def expected_env(site: Site) -> dict[str, str]:
@@ -312,6 +329,73 @@ def previous_report(root: Path, site_name: str, exclude: Path) -> Optional[dict[
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """An alpha-beta link: seconds per message and bytes per second."""
+
+    alpha: float
+    beta: float
+
+
+def links_model(figures: dict[str, float]) -> tuple[Optional[Link], Optional[Link]]:
+    """(inside a node, between nodes) from the measured latency and peak bandwidth."""
+    def one(path: str) -> Optional[Link]:
+        if not figures.get(f"{path}.gbps"):
+            return None
+        return Link(figures[f"{path}.latency_us"] * 1e-6, figures[f"{path}.gbps"] * 1e9 / 8)
+    return one("intra_node"), one("inter_node")
+
+
+def ring_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring allreduce of ``nbytes`` over ``ranks``: 2(n-1) steps of latency, 2(n-1)/n of the data per link."""
+    if ranks < 2:
+        return 0.0
+    return 2 * (ranks - 1) * link.alpha + 2 * (ranks - 1) / ranks * nbytes / link.beta
+
+
+def hierarchical_seconds(nbytes: float, nodes: int, per_node: int, intra: Link, inter: Link) -> float:
+    """Reduce-scatter inside each node, a ring across nodes of each shard (the node's shards share its link, so
+    the whole buffer crosses it), allgather inside the node: the two intra halves make one intra ring."""
+    return ring_seconds(nbytes, per_node, intra) + ring_seconds(nbytes, nodes, inter)
+
+
+def projection(figures: dict[str, float], model_mib: list[float], per_node: int, max_nodes: int,
+               step_ms: float) -> list[dict[str, Any]]:
+    """Per gradient size and node count (1, 2, 4 ... max_nodes): the allreduce time per step of the ring over
+    all ranks and of the hierarchical algorithm, and the scaling efficiency step/(step + allreduce) with no
+    overlap of computation and communication (a lower bound: frameworks overlap some of it)."""
+    intra, inter = links_model(figures)
+    if inter is None:
+        return []
+    intra = intra or inter
+    rows = []
+    nodes = 1
+    while nodes <= max_nodes:
+        for mib in model_mib:
+            nbytes = mib * MIB
+            # the ring crosses a node boundary at every step once nodes > 1: the slowest link sets its pace
+            ring = ring_seconds(nbytes, nodes * per_node, inter if nodes > 1 else intra)
+            hier = hierarchical_seconds(nbytes, nodes, per_node, intra, inter)
+            rows.append({"nodes": nodes, "ranks": nodes * per_node, "model_mib": mib,
+                         "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
+                         "ring_efficiency": step_ms / (step_ms + ring * 1e3),
+                         "hierarchical_efficiency": step_ms / (step_ms + hier * 1e3)})
+        nodes *= 2
+    return rows
+
+
+def render_projection(rows: list[dict[str, Any]], step_ms: float) -> str:
+    if not rows:
+        return ""
+    out = [f"projected allreduce per step (alpha-beta model from the measured links; efficiency = compute / "
+           f"(compute + allreduce), {step_ms:g} ms compute, no overlap)", "",
+           "| nodes | ranks | gradients MiB | ring ms | ring eff. | hierarchical ms | hierarchical eff. |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['nodes']} | {r['ranks']} | {r['model_mib']:g} | {r['ring_ms']:.1f} | {r['ring_efficiency']:.0%} | "
+            f"{r['hierarchical_ms']:.1f} | {r['hierarchical_efficiency']:.0%} |" for r in rows]
+    return "\n".join(out)
+
+
 def exit_status(checks: list[Check]) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 
@@ -351,7 +435,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     return (f"# sites check: {report['site']}\n\nJob {report['job_id']} ({report['state']}), "
             f"{report['request']['nodes']} node(s) x {report['request']['tasks_per_node']} rank(s), finished "
             f"{report['finished']}: **{'FAIL' if report['exit_status'] else 'PASS'}**\n\n" + "\n".join(rows)
-            + "\n\n" + render_links(report.get("links")) + plot + "\n")
+            + "\n\n" + render_links(report.get("links")) + plot + "\n\n"
+            + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms)) + "\n")
 
 
 def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -389,7 +474,9 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
         "site": site.name, "source": str(site.source), "job_dir": str(job_dir), "job_id": job_id,
         "state": state, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "request": dataclasses.asdict(request), "checks": [dataclasses.asdict(c) for c in checks],
-        "figures": link_figures(links) if links else {}, "links": links, "exit_status": exit_status(checks)}
+        "figures": link_figures(links) if links else {}, "links": links, "exit_status": exit_status(checks),
+        "projection": projection(link_figures(links), list(request.model_mib), request.tasks_per_node,
+                                 request.max_nodes, request.step_ms) if links else []}
     series = plot_series(links)
     if series:
         report["plot_legend"] = write_plot(job_dir / PLOT, series)
@@ -409,8 +496,10 @@ def check_command(args: Any) -> int:
     from hpcvod.sites.loader import discover_site
 
     site = discover_site(args.site, detect_host().hostname, schedulers=profile_options())
+    if not args.step_ms > 0:
+        raise UserError(f"--step-ms {args.step_ms:g}: expected a time in milliseconds > 0")
     request = default_request(site, args.nodes, args.gpus_per_node, args.partition, args.quick,
-                              tuple(dict.fromkeys(args.framework)))
+                              tuple(dict.fromkeys(args.framework)), parse_model_mib(args.model_mib), args.step_ms)
     root = Path(args.output_dir) if args.output_dir else default_roots()[0]
     if not args.json:
         print(f"sites check {site.name}: one job of {request.nodes} node(s) x {request.tasks_per_node} rank(s) "
@@ -424,6 +513,8 @@ def check_command(args: Any) -> int:
         links = render_links(report.get("links"))
         if links:
             print("\n" + links)
+        if report.get("projection"):
+            print("\n" + render_projection(report["projection"], request.step_ms))
         where = f"report in {Path(report['job_dir']) / REPORT_MD}" if report["job_dir"] else "no job submitted"
         print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: {where}"
               + (f" (plot {report['plot']})" if report.get("plot") else ""))

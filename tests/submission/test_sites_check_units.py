@@ -242,3 +242,31 @@ def test_a_profile_saying_infiniband_with_mpi_on_tcp_fails(sandbox) -> None:
         sandbox.profile, interconnect=dataclasses.replace(sandbox.profile.interconnect, kind="infiniband")))
     check = sitecheck._interconnect_checks(ib, request, ranks)[0]
     assert check.status == "fail" and "says infiniband but FI_PROVIDER=tcp" in check.evidence
+
+
+def test_alpha_beta_projection() -> None:
+    link = sitecheck.Link(alpha=1e-5, beta=1e9)   # 10 us, 1 GB/s
+    # ring of 4: 6 latencies + 1.5 x the data over the link
+    assert sitecheck.ring_seconds(1e9, 4, link) == pytest.approx(6e-5 + 1.5)
+    assert sitecheck.ring_seconds(1e9, 1, link) == 0.0
+    figures = {"intra_node.latency_us": 1.0, "intra_node.gbps": 80.0, "inter_node.latency_us": 10.0,
+               "inter_node.gbps": 8.0}
+    rows = sitecheck.projection(figures, [100.0], per_node=4, max_nodes=8, step_ms=100.0)
+    assert [r["nodes"] for r in rows] == [1, 2, 4, 8] and [r["ranks"] for r in rows] == [4, 8, 16, 32]
+    one, two = rows[0], rows[1]
+    # one node: both algorithms are the intra-node ring; 100 MiB x 1.5 / 10 GB/s
+    assert one["ring_ms"] == pytest.approx(one["hierarchical_ms"])
+    assert one["ring_ms"] == pytest.approx((6e-6 + 1.5 * 100 * 2**20 / 1e10) * 1e3)
+    # across nodes the hierarchical algorithm sends the buffer over the slow link once per node, not per rank
+    assert two["hierarchical_ms"] < two["ring_ms"]
+    assert two["ring_efficiency"] == pytest.approx(100 / (100 + two["ring_ms"]))
+    assert all(a["ring_ms"] <= b["ring_ms"] for a, b in zip(rows, rows[1:]))
+    assert sitecheck.projection({"intra_node.latency_us": 1.0, "intra_node.gbps": 1.0}, [1.0], 2, 4, 1.0) == []
+    assert "| 2 | 8 | 100 |" in sitecheck.render_projection(rows, 100.0)
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1,5", "1,,2", "big", "inf"])
+def test_model_mib_bad_values(text) -> None:
+    with pytest.raises(UserError, match=r"--model-mib .*: expected sizes in MiB separated by commas"):
+        sitecheck.parse_model_mib(text)
+    assert sitecheck.parse_model_mib("100,500") == (100.0, 500.0)
