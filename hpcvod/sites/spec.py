@@ -353,15 +353,12 @@ def _schema_of(tp: Any, defs: dict[str, Any], top: bool = False) -> dict[str, An
         return {"type": "boolean"}
     if base is EnvValue:
         return {"type": ["string", "number"]}
-    if base is int:
-        out = {"type": "integer"}
+    if base in (int, float):
+        # an integer's Min is inclusive, a number's Above exclusive
+        out = {"type": "integer" if base is int else "number"}
         for extra in extras:
             if isinstance(extra, Min):
                 out["minimum"] = extra.value
-        return out
-    if base is float:
-        out = {"type": "number"}
-        for extra in extras:
             if isinstance(extra, Above):
                 out["exclusiveMinimum"] = extra.value
         return out
