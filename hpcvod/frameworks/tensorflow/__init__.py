@@ -20,13 +20,13 @@ from hpcvod.frameworks.tensorflow.compat_v1 import (  # noqa: E402,F401
 )
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor  # noqa: E402,F401
 from hpcvod.frameworks.tensorflow.functions import (  # noqa: E402,F401
-    allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables,
+    allgather_object, broadcast_, broadcast_object, broadcast_object_fn, broadcast_variables,
 )
 from hpcvod.frameworks.tensorflow.gradient_tape import (  # noqa: E402,F401
     DistributedGradientTape, PartialDistributedGradientTape,
 )
 from hpcvod.frameworks.tensorflow.mpi_ops import (  # noqa: E402,F401
-    allgather, allreduce, alltoall, barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
+    allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce,
     grouped_reducescatter, join, local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
     size_op,
 )

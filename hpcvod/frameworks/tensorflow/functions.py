@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import hpcvod.runtime as rt
 from hpcvod.frameworks._common import pack_aligned
-from hpcvod.frameworks.tensorflow.mpi_ops import _not_converted, _numpy_in, _run, _tensor_out
+from hpcvod.frameworks.tensorflow.mpi_ops import _not_converted, _numpy_in, _run, _tensor_out, global_process_set
 
 
 def _eager_broadcast_group(values: Sequence[tf.Tensor], root_rank: int, ps: Any) -> list[tf.Tensor]:
@@ -47,6 +47,16 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: A
         new.set_shape(value.shape)
         assigns.append(var.assign(new))
     return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
+
+
+@_not_converted
+def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: Any = global_process_set) -> list[tf.Tensor]:
+    """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values
+    (in a graph: read after the assignment)."""
+    assigned = broadcast_variables(variables, root_rank, process_set=process_set)
+    with tf.control_dependencies([] if assigned is None else [assigned]):
+        return [tf.convert_to_tensor(v.read_value() if hasattr(v, "read_value") else v) for v in variables]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,

@@ -502,17 +502,6 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
 
 @_not_converted
-def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
-               process_set: Any = global_process_set) -> list[tf.Tensor]:
-    """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values
-    (in a graph: read after the assignment)."""
-    from hpcvod.frameworks.tensorflow.functions import broadcast_variables
-    assigned = broadcast_variables(variables, root_rank, process_set=process_set)
-    with tf.control_dependencies([] if assigned is None else [assigned]):
-        return [tf.convert_to_tensor(v.read_value() if hasattr(v, "read_value") else v) for v in variables]
-
-
-@_not_converted
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
              process_set: Any = global_process_set) -> Any:
     """Scatters slices of ``tensor`` (first dimension) to every rank and gathers what they send. Returns the
