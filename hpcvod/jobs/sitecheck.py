@@ -384,6 +384,29 @@ def projection(figures: dict[str, float], model_mib: list[float], per_node: int,
     return rows
 
 
+def model_check(links: dict[str, Any], request: Request) -> Optional[dict[str, Any]]:
+    """The model against this job's own run: the largest measured allreduce next to what both algorithms
+    predict for it from the measured links (error = model / measured - 1)."""
+    intra, inter = links_model(link_figures(links))
+    if not links.get("allreduce") or (inter is None and intra is None):
+        return None
+    point = links["allreduce"][-1]
+    nodes, per_node = request.nodes, request.tasks_per_node
+    ring = ring_seconds(point["bytes"], nodes * per_node, inter if nodes > 1 and inter else intra or inter)
+    hier = hierarchical_seconds(point["bytes"], nodes, per_node, intra or inter, inter or intra)
+    return {"bytes": point["bytes"], "ranks": nodes * per_node, "measured_ms": point["seconds"] * 1e3,
+            "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
+            "ring_error": ring / point["seconds"] - 1, "hierarchical_error": hier / point["seconds"] - 1}
+
+
+def render_model_check(check: Optional[dict[str, Any]]) -> str:
+    if not check:
+        return ""
+    return (f"model against this run: allreduce of {check['bytes'] // 1024} KiB over {check['ranks']} ranks measured "
+            f"{check['measured_ms']:.1f} ms; ring model {check['ring_ms']:.1f} ms ({check['ring_error']:+.0%}), "
+            f"hierarchical model {check['hierarchical_ms']:.1f} ms ({check['hierarchical_error']:+.0%})")
+
+
 def render_projection(rows: list[dict[str, Any]], step_ms: float) -> str:
     if not rows:
         return ""
@@ -436,7 +459,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{report['request']['nodes']} node(s) x {report['request']['tasks_per_node']} rank(s), finished "
             f"{report['finished']}: **{'FAIL' if report['exit_status'] else 'PASS'}**\n\n" + "\n".join(rows)
             + "\n\n" + render_links(report.get("links")) + plot + "\n\n"
-            + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms)) + "\n")
+            + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms))
+            + "\n\n" + render_model_check(report.get("model_check")) + "\n")
 
 
 def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -476,7 +500,8 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
         "request": dataclasses.asdict(request), "checks": [dataclasses.asdict(c) for c in checks],
         "figures": link_figures(links) if links else {}, "links": links, "exit_status": exit_status(checks),
         "projection": projection(link_figures(links), list(request.model_mib), request.tasks_per_node,
-                                 request.max_nodes, request.step_ms) if links else []}
+                                 request.max_nodes, request.step_ms) if links else [],
+        "model_check": model_check(links, request) if links else None}
     series = plot_series(links)
     if series:
         report["plot_legend"] = write_plot(job_dir / PLOT, series)
@@ -515,6 +540,8 @@ def check_command(args: Any) -> int:
             print("\n" + links)
         if report.get("projection"):
             print("\n" + render_projection(report["projection"], request.step_ms))
+        if report.get("model_check"):
+            print("\n" + render_model_check(report["model_check"]))
         where = f"report in {Path(report['job_dir']) / REPORT_MD}" if report["job_dir"] else "no job submitted"
         print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: {where}"
               + (f" (plot {report['plot']})" if report.get("plot") else ""))

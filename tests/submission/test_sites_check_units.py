@@ -270,3 +270,16 @@ def test_model_mib_bad_values(text) -> None:
     with pytest.raises(UserError, match=r"--model-mib .*: expected sizes in MiB separated by commas"):
         sitecheck.parse_model_mib(text)
     assert sitecheck.parse_model_mib("100,500") == (100.0, 500.0)
+
+
+def test_model_is_checked_against_the_jobs_own_allreduce() -> None:
+    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    check = sitecheck.model_check(LINKS, request)
+    # 64 KiB over 4 ranks: ring paced by the inter-node link (50 us, 2 Gbit/s); hierarchical adds the intra ring
+    inter, intra = sitecheck.Link(50e-6, 2e9 / 8), sitecheck.Link(10e-6, 5e9 / 8)
+    assert check["ring_ms"] == pytest.approx(sitecheck.ring_seconds(65536, 4, inter) * 1e3)
+    assert check["hierarchical_ms"] == pytest.approx(
+        (sitecheck.ring_seconds(65536, 2, intra) + sitecheck.ring_seconds(65536, 2, inter)) * 1e3)
+    assert check["measured_ms"] == pytest.approx(2.0)
+    assert check["ring_error"] == pytest.approx(check["ring_ms"] / 2.0 - 1)
+    assert "measured 2.0 ms; ring model" in sitecheck.render_model_check(check)
