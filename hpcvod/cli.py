@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradient sizes for the projected allreduce time and scaling (default 100)")
     q.add_argument("--step-ms", type=float, default=100.0, metavar="MS",
                    help="compute time of one training step for the projected efficiency (default 100)")
+    q.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="cancel the job and fail if it has not ended this long after submission (default: wait)")
 
     p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
                        usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")

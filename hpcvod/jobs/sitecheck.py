@@ -27,6 +27,7 @@ SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a w
 DECLARED_WARN = 0.5          # inter-node bandwidth under half the profile's link_gbps is a warn
 WORKER = Path(__file__).resolve().parent / "sitecheck_worker.py"
 DEFAULT_PROJECTED_NODES = 64   # the projection's last row where the partition names no max_nodes
+POLL_SECONDS = 2.0
 KNOWN_FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax", "numpy", "cupy")
 
 
@@ -50,6 +51,7 @@ class Request:
     model_mib: tuple[float, ...] = (100.0,)
     step_ms: float = 100.0
     max_nodes: int = 2
+    timeout: Optional[float] = None   # seconds from submission to the job's end; then it is cancelled
 
     @property
     def world_size(self) -> int:
@@ -99,13 +101,22 @@ class _Refused(Exception):
     """Submit's MPI check refused the job before it was queued."""
 
 
+class _TimedOut(Exception):
+    """The job did not end within --timeout; it was cancelled."""
+
+    def __init__(self, job_dir: Path, job_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.job_dir, self.job_id = job_dir, job_id
+
+
 def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
     """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
     tail). An ordinary job: the profile's template, launcher line, modules and setup."""
     import io
 
     from hpcvod.jobs.spec import JobSpec
-    from hpcvod.jobs.submission import job_mpi_check, job_status, prepare, submit_prepared
+    from hpcvod.jobs.submission import cancel_job, job_mpi_check, job_status, prepare, submit_prepared
+    from hpcvod.schedulers.base import TERMINAL
     from hpcvod.jobs.watch import wait_for
     from hpcvod.launchers.host import detect_host
 
@@ -120,7 +131,17 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
         raise _Refused(problem)
     ref = submit_prepared(prepared, folder)
     assert ref.job_dir is not None
-    wait_for(ref, stream=io.StringIO())
+    if request.timeout is None:
+        wait_for(ref, stream=io.StringIO())
+    else:
+        deadline = time.monotonic() + request.timeout
+        while job_status(ref).state not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        if job_status(ref).state not in TERMINAL:
+            state = job_status(ref).state
+            cancel_job(ref)
+            raise _TimedOut(ref.job_dir, ref.job_id, f"the job did not end within --timeout {request.timeout:g} s "
+                            f"(it was {state}); cancelled")
     state = job_status(ref).state
     records: list[Optional[dict]] = []
     for rank in range(request.world_size):
@@ -474,8 +495,9 @@ def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, 
     return series
 
 
-def _refused_report(site: Site, request: Request, reason: str) -> dict[str, Any]:
-    checks = [Check("world.mpi_flavour", FAIL, f"refused before submitting: {reason}")]
+def _refused_report(site: Site, request: Request, check: Check) -> dict[str, Any]:
+    """The report of a check that ended before any rank ran."""
+    checks = [check]
     return {"site": site.name, "source": str(site.source), "job_dir": None, "job_id": None, "state": "NOT SUBMITTED",
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "request": dataclasses.asdict(request),
             "checks": [dataclasses.asdict(c) for c in checks], "figures": {}, "links": None,
@@ -487,7 +509,13 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
     try:
         job_dir, job_id, records, state, tail = _run_job(site, request, root)
     except _Refused as err:  # the job's Python loads another MPI: this check's finding, not a usage error
-        return _refused_report(site, request, str(err))
+        return _refused_report(site, request, Check("world.mpi_flavour", FAIL, f"refused before submitting: {err}"))
+    except _TimedOut as err:
+        report = _refused_report(site, request, Check("job.time", FAIL, str(err)))
+        report.update(job_dir=str(err.job_dir), job_id=err.job_id, state="CANCELLED")
+        (err.job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
+        (err.job_dir / REPORT_MD).write_text(render_markdown(report))
+        return report
     links = next((r.get("links") for r in records if r and r.get("links")), None)
     if links is None and (job_dir / LINKS_FILE).exists():
         links = json.loads((job_dir / LINKS_FILE).read_text())
@@ -523,8 +551,11 @@ def check_command(args: Any) -> int:
     site = discover_site(args.site, detect_host().hostname, schedulers=profile_options())
     if not args.step_ms > 0:
         raise UserError(f"--step-ms {args.step_ms:g}: expected a time in milliseconds > 0")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UserError(f"--timeout {args.timeout:g}: expected seconds > 0")
     request = default_request(site, args.nodes, args.gpus_per_node, args.partition, args.quick,
                               tuple(dict.fromkeys(args.framework)), parse_model_mib(args.model_mib), args.step_ms)
+    request = dataclasses.replace(request, timeout=args.timeout)
     root = Path(args.output_dir) if args.output_dir else default_roots()[0]
     if not args.json:
         print(f"sites check {site.name}: one job of {request.nodes} node(s) x {request.tasks_per_node} rank(s) "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import REPO, Cluster, flavours, hpcvod, require_flavour
+from cluster_helpers import REPO, Cluster, flavours, hpcvod, require_flavour, run
 
 sys.path.insert(0, str(REPO / "tests" / "submission"))
 from test_sites_check_units import decode_png  # noqa: E402 - the one PNG reader of the tests
@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.mpi, pytest.mark.timeout(300)]
 SANDBOX = REPO / "hpcvod" / "site_configs" / "slurm-sandbox.yaml"
 
 
-def check(tmp_path: Path, site: object, venv: Path = REPO / ".venv") -> tuple[int, dict]:
-    done = hpcvod("sites", "check", site, "--quick", "--json", "--output-dir", tmp_path / "jobs", cwd=tmp_path,
-                  venv=venv, timeout=240)
+def check(tmp_path: Path, site: object, *more: str, venv: Path = REPO / ".venv") -> tuple[int, dict]:
+    done = hpcvod("sites", "check", site, "--quick", "--json", "--output-dir", tmp_path / "jobs", *more,
+                  cwd=tmp_path, venv=venv, timeout=240)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["exit_status"] == done.returncode
@@ -120,3 +120,18 @@ def test_a_profile_saying_infiniband_while_mpi_uses_tcp_fails(slurm_cluster: Clu
     assert statuses(report)["world.size"] == "pass"
     assert statuses(report)["interconnect.mpi_transport"] == "fail"
     assert "says infiniband but FI_PROVIDER=tcp" in evidence(report, "interconnect.mpi_transport")
+
+
+def test_a_job_that_does_not_end_within_timeout_is_cancelled_and_fails(slurm_cluster: Cluster,
+                                                                        tmp_path: Path) -> None:
+    # held by Slurm for an hour: it cannot start within the 5 s given
+    status, report = check(tmp_path, broken(tmp_path, "directives:\n  extra:\n    - --begin=now+1hour\n"),
+                           "--timeout", "5")
+    assert status == 1
+    assert statuses(report) == {"job.time": "fail"}
+    assert "did not end within --timeout 5 s (it was PENDING); cancelled" in evidence(report, "job.time")
+    job_dir = Path(report["job_dir"])
+    assert json.loads((job_dir / "report.json").read_text())["state"] == "CANCELLED"
+    assert "| job.time | FAIL |" in (job_dir / "report.md").read_text()
+    queued = run(["squeue", "-h", "-j", report["job_id"], "-o", "%T"], timeout=30).stdout.strip()
+    assert queued in ("", "CANCELLED"), queued
