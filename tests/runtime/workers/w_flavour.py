@@ -1,6 +1,7 @@
 """init() against the MPI flavour the script promised: prints the world, or the HpcvodConfigError (exit 3)."""
 
 import sys
+import time
 
 import hpcvod.runtime as hvd
 
@@ -8,6 +9,9 @@ try:
     hvd.init()
 except hvd.HpcvodConfigError as exc:
     print(f"FLAVOUR ERROR: {exc}", flush=True)
+    # A launcher ends the other ranks once one exits with an error (Hydra does at once): stay a moment, so that a
+    # slower rank can reach its own check and print it too (the test counts one line per rank).
+    time.sleep(5)
     sys.exit(3)
 print(f"WORLD rank={hvd.rank()} size={hvd.size()}", flush=True)
 hvd.shutdown()
