@@ -52,7 +52,8 @@ def test_pending_reasons_expected_start_and_ctrl_c_leave_the_job_queued(slurm_cl
     try:
         status = wait_for_status(waiting, tmp_path, {"PENDING"})
         deadline = time.monotonic() + 60  # the backfill scheduler computes the expected start within seconds
-        while status["reason"] != "Resources" and time.monotonic() < deadline:
+        # the reason comes first; the expected start once the backfill scheduler has gone over the queue
+        while (status["reason"] != "Resources" or not status["start_time"]) and time.monotonic() < deadline:
             time.sleep(1)
             status = hpcvod_status(waiting, tmp_path)
         assert status["reason"] == "Resources", status

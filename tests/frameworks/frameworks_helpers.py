@@ -56,11 +56,12 @@ def launch(n: int, script: Path, *args: str, timeout: float = 240.0,
                     f"{out[-4000:]}\n--- stderr ---\n{err[-6000:]}")
 
 
-def run_checks(worker: str, tmp_dir: Path, n: int = 2, timeout: float = 240.0) -> dict[str, Any]:
-    """Runs a checks worker on ``n`` ranks and returns its report (every rank's outcome per check)."""
+def run_checks(worker: str, tmp_dir: Path, n: int = 2, timeout: float = 240.0, *args: str) -> dict[str, Any]:
+    """Runs a checks worker on ``n`` ranks (``worker RESULTS.json ARGS...``) and returns its report (every rank's
+    outcome per check)."""
     out = tmp_dir / f"{worker}.json"
     started = time.monotonic()
-    proc = launch(n, WORKERS / worker, str(out), timeout=timeout)
+    proc = launch(n, WORKERS / worker, str(out), *args, timeout=timeout)
     if not out.exists():
         pytest.fail(f"{worker} on {n} ranks wrote no report (exit status {proc.returncode} after "
                     f"{time.monotonic() - started:.1f} s)\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n"

@@ -4,7 +4,6 @@ broadcast_global_variables) on 1, 2 and 4 real MPI ranks (4 oversubscribed)."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -28,15 +27,8 @@ CHECKS = [
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_framework("tensorflow")
     base = tmp_path_factory.mktemp(f"tf1_{request.param}")
-    checkpoints = base / "checkpoints"
-    checkpoints.mkdir()
-    out = base / "tf1.json"
-    proc = launch(request.param, WORKERS / "tf1_worker.py", str(out), str(checkpoints), timeout=300)
-    assert out.exists(), f"no report (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(out.read_text())
-    result.update(returncode=proc.returncode, stderr=proc.stderr)
-    assert result["size"] == request.param
-    return result
+    (base / "checkpoints").mkdir()
+    return run_checks("tf1_worker.py", base, request.param, 300.0, str(base / "checkpoints"))
 
 
 @pytest.mark.parametrize("name", CHECKS)
