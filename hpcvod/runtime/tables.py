@@ -97,26 +97,31 @@ def identity_fill(op: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
     return np.full(shape, info.max if op == MIN else info.min, dtype)
 
 
+def scale_dtype(dtype: np.dtype) -> Any:
+    """Horovod's arithmetic for scaling ``dtype``: float16 and float32 in float32 (the factor rounded to float32,
+    float16 values widened, the product rounded once), integers in float64 (truncating toward zero), anything
+    else (float64, complex) in its own type (None)."""
+    if dtype.kind == "f" and dtype.itemsize <= 4:
+        return np.float32
+    return np.float64 if dtype.kind in "iu" else None
+
+
 def scale_into(src: np.ndarray, factor: float, out: np.ndarray) -> None:
-    """``out = factor * src`` in Horovod's precision: float16 and float32 in float32 arithmetic (the factor
-    rounded to float32, float16 values widened, the product rounded once), everything else in float64 (integers
-    truncate toward zero). NumPy alone would round the factor to float16 first: one unit in the last place off."""
-    kind = src.dtype.kind
-    if kind == "f" and src.dtype.itemsize <= 4:
-        # dtype= picks the float32 loop: a float16 array times a float32 scalar still runs NumPy's float16 loop
-        np.multiply(src, np.float32(factor), out=out, casting="unsafe", dtype=np.float32)
-    elif kind in "iu":
-        np.multiply(src, factor, out=out, casting="unsafe", dtype=np.float64)
-    else:
+    """``out = factor * src`` in Horovod's precision (:func:`scale_dtype`). NumPy alone would round the factor to
+    float16 first for float16 arrays: one unit in the last place off."""
+    work = scale_dtype(src.dtype)
+    if work is None:
         np.multiply(src, factor, out=out, casting="unsafe")
+    else:
+        # dtype= picks the loop: a float16 array times a float32 scalar still runs NumPy's float16 loop
+        np.multiply(src, work(factor), out=out, casting="unsafe", dtype=work)
 
 
 def scale_on_device(cp: Any, a: Any, factor: float) -> Any:
-    """``factor * a`` for a CuPy array, by :func:`scale_into`'s rule: float16/float32 in float32, the rest in
-    float64, the result in ``a``'s dtype."""
-    if a.dtype.kind not in "fiu":
+    """``factor * a`` for a CuPy array in Horovod's precision (:func:`scale_dtype`), in ``a``'s dtype."""
+    work = scale_dtype(a.dtype)
+    if work is None:
         return a * factor
-    work = np.float32 if a.dtype.kind == "f" and a.dtype.itemsize <= 4 else np.float64
     return (a.astype(work) * work(factor)).astype(a.dtype)
 
 
