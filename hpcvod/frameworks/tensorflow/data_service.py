@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 HEARTBEAT_SECONDS = 1.0
 DISPATCHER_SIDES = ("compute", "training")
@@ -213,19 +213,31 @@ def add_dataset_method() -> None:
 
 
 # ----------------------------------------------------------------------------------- compute side
-def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int) -> int:
-    """Runs on every rank of the compute job: dispatchers, a worker per rank, the config, the heartbeat; returns
-    once the training side has called ``shutdown()`` (0) or on an error (1)."""
-    import tensorflow as tf
+@dataclasses.dataclass(frozen=True)
+class ComputeGroup:
+    """The compute job's ranks as one of them sees them: MPI ranks (hpcvod.runtime) or the tasks of a Spark barrier
+    stage (``BarrierTaskContext``); ``serve`` needs nothing else from either."""
 
-    import hpcvod.runtime as rt
-    rt.init()
-    rank, size = rt.rank(), rt.size()
+    rank: int
+    size: int
+    barrier: Callable[[], None]
+    allgather: Callable[[str], list[str]]      # every rank's string, in rank order
+
+
+def split_error(size: int, dispatchers: int) -> Optional[str]:
+    """Why ``size`` compute ranks cannot serve ``dispatchers`` dispatchers (None when they can)."""
     if dispatchers < 1 or size % dispatchers:
-        if rank == 0:
-            print(f"hpcvod compute_worker: {size} ranks cannot be split among {dispatchers} dispatcher(s): the size "
-                  f"must be a multiple of --dispatchers", file=sys.stderr, flush=True)
-        return 2
+        return (f"{size} ranks cannot be split among {dispatchers} dispatcher(s): the size must be a multiple of "
+                f"--dispatchers")
+    return None
+
+
+def serve(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int, group: ComputeGroup) -> None:
+    """One compute rank's part: its dispatcher (every size/dispatchers-th rank, compute side), its worker, the
+    config and the heartbeat (rank 0); returns once the training side has called ``shutdown()`` and every rank has
+    stopped its servers. Raises DataServiceError when the training-side dispatchers never register."""
+    import tensorflow as tf
+    rank, size = group.rank, group.size
     per = size // dispatchers
     index = rank // per
     path = Path(config_path)
@@ -234,14 +246,14 @@ def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, tim
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.iterdir():          # a previous run's registrations and shutdown
             stale.unlink()
-    rt.barrier()
+    group.barrier()
     ip = host_address()
     dispatcher = None
     if dispatcher_side == "compute" and rank % per == 0:
         dispatcher = tf.data.experimental.service.DispatchServer(
             tf.data.experimental.service.DispatcherConfig(port=0))
     mine = f"grpc://{ip}:{dispatcher.target.rsplit(':', 1)[1]}" if dispatcher is not None else ""
-    addresses = tuple(a for a in rt.allgather_object(mine) if a)
+    addresses = tuple(a for a in group.allgather(mine) if a)
     config = TfDataServiceConfig(dispatchers=dispatchers, workers_per_dispatcher=per,
                                  dispatcher_side=dispatcher_side, addresses=addresses, rendezvous=str(folder),
                                  timeout=timeout)
@@ -254,7 +266,7 @@ def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, tim
         dispatcher_address=target, worker_address=f"{ip}:%port%", heartbeat_interval_ms=1000,
         dispatcher_timeout_ms=timeout * 1000))
     (folder / f"worker.{index}.{rank}").touch()
-    rt.barrier()                                 # every server listens: the config may go out
+    group.barrier()                              # every server listens: the config may go out
     if rank == 0 and dispatcher_side == "compute":
         config.write(str(path))
     # DispatchServer.join() blocks in C++ (no signal handler would run): poll the shutdown marker instead
@@ -265,21 +277,44 @@ def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, tim
     worker.stop()
     if dispatcher is not None:
         dispatcher.stop()
-    rt.barrier()
+    group.barrier()
+
+
+def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int) -> int:
+    """Runs on every rank of an MPI compute job; returns once the training side has called ``shutdown()`` (0), or
+    2 when the size does not fit the dispatchers."""
+    import hpcvod.runtime as rt
+    rt.init()
+    problem = split_error(rt.size(), dispatchers)
+    if problem:
+        if rt.rank() == 0:
+            print(f"hpcvod compute_worker: {problem}", file=sys.stderr, flush=True)
+        return 2
+    group = ComputeGroup(rank=rt.rank(), size=rt.size(), barrier=rt.barrier, allgather=rt.allgather_object)
+    serve(config_path, dispatchers, dispatcher_side, timeout, group)
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hpcvod.tensorflow.data.compute_worker",
-        description="Run the tf.data service compute job on every rank (docs/frameworks.md).")
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The compute worker's options, shared by the MPI and the Spark compute job."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--dispatchers", type=int, default=1, help="dispatchers (the size must be a multiple)")
     parser.add_argument("--dispatcher-side", choices=DISPATCHER_SIDES, default="compute")
     parser.add_argument("--timeout", type=int, default=60, help="seconds to wait for each other side")
     parser.add_argument("config", metavar="CONFIG.json", help="where to write the config (a shared path)")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.timeout < 1:
         parser.error(f"--timeout {args.timeout}: expected a number of seconds >= 1")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(parser("python -m hpcvod.tensorflow.data.compute_worker",
+                             "Run the tf.data service compute job on every rank (docs/frameworks.md)."), argv)
     try:
         return compute_worker(args.config, args.dispatchers, args.dispatcher_side, args.timeout)
     except DataServiceError as exc:
