@@ -14,6 +14,7 @@ from .context import (add_process_set, ccl_built, cross_rank, cross_size, cuda_b
 from .errors import (HorovodInternalError, HpcvodConfigError, HpcvodError, HpcvodInputError,
                      HpcvodMismatchError, HpcvodNotInitializedError, HpcvodRankFailureError,
                      HpcvodShutdownError, HpcvodStallError, HpcvodWorldSizeError)
+from .gpu import Bfloat16Words
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -43,7 +44,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
     "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built",
     "gloo_enabled", "gloo_built", "ccl_built", "cuda_built", "rocm_built", "ddl_built",
-    "start_timeline", "stop_timeline", "ProcessSet", "global_process_set", "add_process_set",
+    "start_timeline", "stop_timeline", "Bfloat16Words", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "Compression", "Compressor", "NoneCompressor", "FP16Compressor",
     "HpcvodError", "HpcvodNotInitializedError", "HpcvodConfigError", "HpcvodInputError",
     "HpcvodWorldSizeError", "HpcvodMismatchError", "HpcvodRankFailureError", "HpcvodStallError",

@@ -20,7 +20,7 @@ from . import context, gpu
 from . import handles as K
 from .compression import Compression, Compressor
 from .engine import Lane, dumps, loads
-from .tables import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, check_dtype, mpi_reduce_op, mpi_type
+from .tables import ADASUM, AVERAGE, BFLOAT16, MAX, MIN, PRODUCT, SUM, check_dtype, mpi_reduce_op, mpi_type
 from .errors import HpcvodInputError, HpcvodNotInitializedError
 from .handles import GroupHandle, Handle
 from .process_sets import ProcessSet, global_process_set
@@ -204,6 +204,12 @@ def _device_view(tensor: Any, in_place: bool, what: str) -> Any:
     return d
 
 
+def _element(tensor: Any, d: Any) -> Any:
+    """The element type a device request's signature carries: BFLOAT16 for wrapped bfloat16 words, else the
+    array's dtype (reductions on the words would be integer sums)."""
+    return BFLOAT16 if tensor.__class__ is gpu.Bfloat16Words else d.dtype
+
+
 def _on_device(h: Handle) -> Handle:
     from .nccl import current_stream_ptr
     h.device = True
@@ -224,11 +230,13 @@ def _device_allreduce_handle(lane: Lane, tensor: Any, average: Optional[bool], n
                              in_place: bool, out: Any) -> Handle:
     """An allreduce of GPU memory: negotiated like any other, executed by runtime/nccl.py."""
     d = _device_view(tensor, in_place, "allreduce")
+    elem = _element(tensor, d)
     op = _resolve_op(op, average)
-    plan = _reduction_plan(d.dtype, op)
+    # the plan is for staging through host memory, where bfloat16 words are reduced as float32
+    plan = _reduction_plan(np.dtype(np.float32) if elem is BFLOAT16 else d.dtype, op)
     pre, post = float(prescale_factor), float(postscale_factor)
     output = d if in_place else (_device_out(out, d, "allreduce") if out is not None else None)
-    sig = (K.ALLREDUCE, d.dtype, d.shape, op, pre, post, K.DEVICE)
+    sig = (K.ALLREDUCE, elem, d.shape, op, pre, post, K.DEVICE)
     h = Handle(name if name is not None else lane.auto_name(), K.ALLREDUCE, sig, d, output, name is None)
     h.lane = lane
     h.mpi_type, h.mpi_op = plan               # for staging through host memory
@@ -260,6 +268,9 @@ def _compressed_handle(tensor: Any, average: Optional[bool], name: Optional[str]
                        compression: type[Compressor], in_place: bool, out: Any) -> Handle:
     """allreduce with a compressor: reduce the compressed copy, restore into the caller's array/out."""
     device = tensor.__class__ is not _ndarray and gpu.is_device_buffer(tensor)
+    if tensor.__class__ is gpu.Bfloat16Words:
+        raise HpcvodInputError("allreduce: compression of bfloat16 words is not supported; compress the "
+                               "framework's tensor first (the framework optimizers do)")
     a = _device_view(tensor, in_place, "allreduce") if device else as_array(tensor, writable=in_place)
     compressed, ctx = compression.compress(a)      # NumPy and CuPy arrays alike (astype)
     if compressed is a:
@@ -399,10 +410,11 @@ def _plain_handle(kind: int, tensor: Any, name: Optional[str], process_set: Proc
                   a: np.ndarray, output: Optional[np.ndarray] = None) -> Handle:
     lane = _lane_of(process_set)
     t = mpi_type(a.dtype)
+    sig = (kind, _element(tensor, a)) + sig_tail
     if name is None:
-        h = Handle(lane.auto_name(), kind, (kind, a.dtype) + sig_tail, a, output, True)
+        h = Handle(lane.auto_name(), kind, sig, a, output, True)
     else:
-        h = Handle(name, kind, (kind, a.dtype) + sig_tail, a, output)
+        h = Handle(name, kind, sig, a, output)
     h.mpi_type = t
     h.lane = lane
     return h

@@ -21,12 +21,26 @@ _lock = threading.Lock()
 _probe: Optional[tuple[Any, Any, str]] = None   # (cupy module or None, nccl module or None, why not)
 
 
+class Bfloat16Words:
+    """A GPU buffer of bfloat16 values handed to the runtime as its 16-bit words (CuPy, NumPy and DLPack
+    consumers have no bfloat16): a framework wraps its bfloat16 device tensor's int16 view (``t.view(torch.int16)``,
+    ``tf.bitcast(t, tf.int16)``) so that NCCL reduces it as bfloat16 on the device. Results come back as int16
+    words for the framework to view as bfloat16 again."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: Any) -> None:
+        self.words = words
+
+
 def is_device_buffer(x: Any) -> bool:
     """True when ``x`` lives in GPU memory (CuPy array, torch CUDA tensor, anything with DLPack on CUDA).
 
     Looks only at the type's attributes first, so NumPy arrays and CPU tensors cost two lookups.
     """
     kind = type(x)
+    if kind is Bfloat16Words:
+        return True
     dev = getattr(kind, "__dlpack_device__", None)
     if dev is not None:
         try:
@@ -85,6 +99,8 @@ def device_array(x: Any) -> Any:
         raise RuntimeError(probe()[2])
     if isinstance(x, cupy.ndarray):
         return x
+    if isinstance(x, Bfloat16Words):
+        return device_array(x.words)
     if hasattr(x, "__dlpack__"):
         return cupy.from_dlpack(x)
     return cupy.asarray(x)      # __cuda_array_interface__: zero-copy

@@ -30,7 +30,10 @@ from . import gpu
 from . import handles as K
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
-from .tables import MAX, MIN, NCCL_OPS, NCCL_TYPES, SUM, scale_on_device
+from .tables import (
+    MAX, MIN, NCCL_BFLOAT16, NCCL_OPS, NCCL_TYPES, SUM, bfloat16_narrow, bfloat16_widen, element_name, is_bfloat16,
+    mpi_reduce_op, mpi_type, scale_on_device,
+)
 
 def current_stream_ptr() -> int:
     """The CUDA stream current in this thread: torch's if torch is in use, else CuPy's (0 = legacy default)."""
@@ -126,14 +129,16 @@ class DeviceOps:
         self._comm = self._local = self._cross = self._topology = None
 
     # ----------------------------------------------------------------------------------- helpers
-    def _types(self, dtype: np.dtype, op: int) -> tuple[int, int]:
+    def _types(self, elem: Any, op: int) -> tuple[int, int]:
+        """NCCL's data type and op for a signature's element type (a dtype, or BFLOAT16) and Horovod op."""
         nccl = self._nccl_mod
-        t = NCCL_TYPES.get(dtype.name)
+        t = NCCL_TYPES.get(element_name(elem))
         if t is None:
-            raise HpcvodError(f"NCCL cannot reduce dtype {dtype}; use HPCVOD_GPU_OPERATIONS=mpi for it")
-        if dtype == np.bool_:
+            raise HpcvodError(f"NCCL cannot reduce dtype {element_name(elem)}; use HPCVOD_GPU_OPERATIONS=mpi for it")
+        if not isinstance(elem, str) and elem == np.bool_:
             op = MAX if op in (SUM, MAX) else MIN  # or = max, and = min on 0/1 bytes
-        return getattr(nccl, t), getattr(nccl, NCCL_OPS[op])
+        code = getattr(nccl, t, NCCL_BFLOAT16) if t == "NCCL_BFLOAT16" else getattr(nccl, t)
+        return code, getattr(nccl, NCCL_OPS[op])
 
     def _stream(self, ptr: int) -> Any:
         """The CuPy stream object of a recorded stream pointer (0: the legacy default stream)."""
@@ -154,6 +159,7 @@ class DeviceOps:
         cp = self.cupy
         first = group[0]
         stream = first.stream
+        elem = first.sig[1]
         with self._stream(stream):
             if len(group) == 1 and first.output is first.tensor:
                 flat = first.tensor.reshape(-1)
@@ -161,10 +167,10 @@ class DeviceOps:
                 flat = self._flat(nbytes, first.tensor.dtype, all(h.output is h.tensor for h in group))
                 cp.concatenate([h.tensor.reshape(-1) for h in group], out=flat)
             if first.prescale != 1.0:
-                flat[...] = scale_on_device(cp, flat, first.prescale)
-            self._allreduce_flat(flat, first.sig[3], stream)
+                flat[...] = scale_on_device(cp, flat, first.prescale, elem)
+            self._allreduce_flat(flat, elem, first.sig[3], stream)
             if first.postscale != 1.0:
-                flat[...] = scale_on_device(cp, flat, first.postscale)
+                flat[...] = scale_on_device(cp, flat, first.postscale, elem)
             offset = 0
             for h in group:
                 n = h.tensor.size
@@ -191,8 +197,8 @@ class DeviceOps:
             self._fusion = cp.empty(max(nbytes, 1), np.uint8)
         return self._fusion[:nbytes].view(dtype)
 
-    def _allreduce_flat(self, flat: Any, op: int, stream: int) -> None:
-        dtype, nccl_op = self._types(flat.dtype, op)
+    def _allreduce_flat(self, flat: Any, elem: Any, op: int, stream: int) -> None:
+        dtype, nccl_op = self._types(elem, op)
         comm = self.comm                                   # made first: it decides whether hierarchy helps
         if self._hierarchical and flat.size >= self.size:
             hierarchical_allreduce(flat, nccl_op, self._local, self._topology.local_size, self._cross, comm,
@@ -302,11 +308,12 @@ class DeviceOps:
         base, extra = divmod(a.shape[0], size)
         rows = [base + (1 if r < extra else 0) for r in range(size)]
         per_row = int(np.prod(a.shape[1:], dtype=np.int64))
-        dtype, op = self._types(a.dtype, h.sig[3])
+        elem = h.sig[1]
+        dtype, op = self._types(elem, h.sig[3])
         with self._stream(h.stream):
             send = cp.ascontiguousarray(a)
             if h.prescale != 1.0:
-                send = scale_on_device(cp, send, h.prescale)
+                send = scale_on_device(cp, send, h.prescale, elem)
             out = cp.empty((rows[me],) + a.shape[1:], a.dtype)
         comm = self.comm
         if extra == 0:
@@ -322,7 +329,7 @@ class DeviceOps:
             nccl.groupEnd()
         if h.postscale != 1.0:
             with self._stream(h.stream):
-                out = scale_on_device(cp, out, h.postscale)
+                out = scale_on_device(cp, out, h.postscale, elem)
         self._finish(h.stream)
         h.result = out
         h.done = True
@@ -338,6 +345,12 @@ class DeviceOps:
         in_place = h.output is h.tensor
         proxy = copy.copy(h)
         proxy.tensor = cp.asnumpy(h.tensor)
+        # bfloat16 words are reduced as float32 on the host (MPI has no bfloat16) and rounded back once
+        widened = h.kind in (K.ALLREDUCE, K.REDUCESCATTER) and is_bfloat16(h.sig[1])
+        if widened:
+            proxy.tensor = bfloat16_widen(np, proxy.tensor)
+            proxy.mpi_type = mpi_type(proxy.tensor.dtype)
+            proxy.mpi_op = mpi_reduce_op(h.sig[3], proxy.tensor.dtype)
         proxy.output = proxy.tensor if in_place else None
         proxy.device = False
         proxy.done = False
@@ -345,6 +358,8 @@ class DeviceOps:
         if proxy.error is not None:
             h.error = proxy.error
         result = proxy.result
+        if widened and isinstance(result, np.ndarray):
+            result = bfloat16_narrow(np, result)
         if isinstance(result, tuple):                     # alltoall with splits: (array, received splits)
             h.result = (cp.asarray(result[0]),) + tuple(result[1:])
         elif isinstance(result, np.ndarray):

@@ -24,7 +24,7 @@ from mpi4py import MPI
 from . import handles as K
 from .errors import HpcvodInputError, HpcvodMismatchError, first_of
 from .handles import Handle
-from .tables import AVERAGE, describe_sig, identity_fill, mpi_reduce_op, mpi_type
+from .tables import AVERAGE, describe_sig, identity_fill, is_bfloat16, mpi_reduce_op, mpi_type
 from .timeline import NEGOTIATE
 
 # Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
@@ -363,9 +363,11 @@ class Negotiation:
     def _dummy(self, key: Any, sig: tuple) -> Handle:
         """A joined rank's stand-in for a collective the others run."""
         kind = sig[0]
-        dt = sig[1] if len(sig) > 1 else None
+        elem = sig[1] if len(sig) > 1 else None
+        # bfloat16 device requests: int16 words in memory, float32 for the host's arithmetic
+        dt = np.dtype(np.int16) if is_bfloat16(elem) else elem
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            tensor = identity_fill(sig[3], dt, sig[2])
+            tensor = identity_fill(sig[3], elem, sig[2])
         elif kind == K.BROADCAST:
             tensor = np.zeros(sig[2], dt)
         elif kind in (K.ALLGATHER, K.ALLTOALL):
@@ -384,7 +386,7 @@ class Negotiation:
         if dt is not None:
             h.mpi_type = mpi_type(dt)
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            h.mpi_op = mpi_reduce_op(sig[3], dt)
+            h.mpi_op = mpi_reduce_op(sig[3], np.dtype(np.float32) if is_bfloat16(elem) else dt)
             h.prescale = sig[4]
             h.postscale = sig[5] / self.size if sig[3] == AVERAGE else sig[5]
         elif kind == K.BROADCAST:

@@ -27,7 +27,14 @@ MPI_ACTIVITY = {K.ALLREDUCE: "MPI_ALLREDUCE", K.ALLGATHER: "MPI_ALLGATHERV", K.B
 NCCL_OPS = {AVERAGE: "NCCL_SUM", SUM: "NCCL_SUM", MIN: "NCCL_MIN", MAX: "NCCL_MAX", PRODUCT: "NCCL_PROD"}
 NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
               "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16",
-              "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8"}
+              "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bool": "NCCL_UINT8",
+              "bfloat16": "NCCL_BFLOAT16"}
+NCCL_BFLOAT16 = 9   # ncclBfloat16 (NCCL >= 2.10): CuPy's enum may lack the name, its calls take the number
+
+# bfloat16: neither NumPy nor CuPy has it. Device buffers of it travel as int16 words (gpu.Bfloat16Words) under
+# this element type in their signature, so NCCL reduces them as bfloat16 and scaling or staging widens them to
+# float32 (exactly: a bfloat16 is the top half of a float32) and rounds back once.
+BFLOAT16 = "bfloat16"
 
 _mpi_types: dict[str, MPI.Datatype] = {}
 
@@ -85,8 +92,31 @@ def mpi_reduce_op(op: int, dtype: np.dtype) -> MPI.Op:
     raise HpcvodInputError(f"unknown reduction op {op!r}; expected Average, Sum, Min, Max or Product")
 
 
-def identity_fill(op: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
+def element_name(elem: Any) -> str:
+    """The name of a signature's element type (a NumPy dtype, or BFLOAT16)."""
+    return elem if isinstance(elem, str) else np.dtype(elem).name
+
+
+def is_bfloat16(elem: Any) -> bool:
+    return isinstance(elem, str) and elem == BFLOAT16
+
+
+def bfloat16_widen(xp: Any, words: Any) -> Any:
+    """float32 values of bfloat16 ``words`` (int16 or uint16, NumPy or CuPy ``xp``): exact."""
+    return (words.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
+
+
+def bfloat16_narrow(xp: Any, values: Any) -> Any:
+    """bfloat16 words (int16) of float32 ``values``, rounded to nearest even; NaN stays a (quiet) NaN."""
+    bits = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    return xp.where(xp.isnan(values), 0x7FC0, rounded).astype(xp.uint16).view(xp.int16)
+
+
+def identity_fill(op: int, dtype: Any, shape: tuple) -> np.ndarray:
     """A joined rank's neutral contribution to a reduction."""
+    if is_bfloat16(dtype):
+        return bfloat16_narrow(np, identity_fill(op, np.dtype(np.float32), shape))
     if op in (AVERAGE, SUM):
         return np.zeros(shape, dtype)
     if op == PRODUCT:
@@ -117,8 +147,11 @@ def scale_into(src: np.ndarray, factor: float, out: np.ndarray) -> None:
         np.multiply(src, work(factor), out=out, casting="unsafe", dtype=work)
 
 
-def scale_on_device(cp: Any, a: Any, factor: float) -> Any:
-    """``factor * a`` for a CuPy array in Horovod's precision (:func:`scale_dtype`), in ``a``'s dtype."""
+def scale_on_device(cp: Any, a: Any, factor: float, elem: Any = None) -> Any:
+    """``factor * a`` for a CuPy array in Horovod's precision (:func:`scale_dtype`), in ``a``'s dtype; bfloat16
+    words (``elem`` BFLOAT16) are scaled in float32, as float16 is."""
+    if is_bfloat16(elem):
+        return bfloat16_narrow(cp, bfloat16_widen(cp, a) * np.float32(factor))
     work = scale_dtype(a.dtype)
     if work is None:
         return a * factor
@@ -135,10 +168,10 @@ def describe_sig(sig: tuple) -> str:
         _, dt, shape, op, pre, post = sig
         extra = f" prescale={pre}" if pre != 1.0 else ""
         extra += f" postscale={post}" if post != 1.0 else ""
-        return f"{name}(dtype={np.dtype(dt).name}, shape={shape}, op={OP_NAMES.get(op, op)}{extra})"
+        return f"{name}(dtype={element_name(dt)}, shape={shape}, op={OP_NAMES.get(op, op)}{extra})"
     if kind in (K.ALLGATHER, K.ALLTOALL):
-        return f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*, {', '.join(map(str, sig[2]))}))" \
-            if sig[2] else f"{name}(dtype={np.dtype(sig[1]).name}, shape=(*,))"
+        return f"{name}(dtype={element_name(sig[1])}, shape=(*, {', '.join(map(str, sig[2]))}))" \
+            if sig[2] else f"{name}(dtype={element_name(sig[1])}, shape=(*,))"
     if kind == K.BROADCAST:
-        return f"{name}(dtype={np.dtype(sig[1]).name}, shape={sig[2]}, root_rank={sig[3]})"
+        return f"{name}(dtype={element_name(sig[1])}, shape={sig[2]}, root_rank={sig[3]})"
     return f"{name}()"

@@ -19,9 +19,11 @@ import numpy as np
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
 NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 6, 7, 8
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN = 0, 1, 2, 3
+# Like CuPy 13's enum, no NCCL_BFLOAT16 name: callers pass ncclBfloat16's number, 9. Its buffers are 16-bit words.
+_BFLOAT16 = 9
 _DTYPES = {NCCL_INT8: np.int8, NCCL_UINT8: np.uint8, NCCL_INT32: np.int32, NCCL_UINT32: np.uint32,
            NCCL_INT64: np.int64, NCCL_UINT64: np.uint64, NCCL_FLOAT16: np.float16, NCCL_FLOAT32: np.float32,
-           NCCL_FLOAT64: np.float64}
+           NCCL_FLOAT64: np.float64, _BFLOAT16: np.int16}
 
 
 def MPI_IN_PLACE() -> Any:
@@ -61,9 +63,32 @@ def groupEnd() -> None:
         MPI.Request.Waitall(requests)
 
 
-def _mpi_op(op: int) -> Any:
+_bfloat16_ops: dict = {}
+
+
+def _mpi_op(op: int, datatype: int = NCCL_FLOAT32) -> Any:
     from mpi4py import MPI
+    if datatype == _BFLOAT16:
+        return _bfloat16_op(op)
     return {NCCL_SUM: MPI.SUM, NCCL_PROD: MPI.PROD, NCCL_MAX: MPI.MAX, NCCL_MIN: MPI.MIN}[op]
+
+
+def _bfloat16_op(op: int) -> Any:
+    """NCCL's bfloat16 reduction: each combining step in float32, rounded to bfloat16 (torch does the
+    conversions here, independently of hpcvod's own)."""
+    if op not in _bfloat16_ops:
+        import torch
+        from mpi4py import MPI
+        combine = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum}[op]
+
+        def reduce_words(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            a = torch.from_numpy(np.frombuffer(inbuf, np.int16).copy()).view(torch.bfloat16).float().numpy()
+            out = np.frombuffer(inoutbuf, np.int16)
+            b = torch.from_numpy(out.copy()).view(torch.bfloat16).float().numpy()
+            out[...] = torch.from_numpy(combine(a, b)).to(torch.bfloat16).view(torch.int16).numpy()
+
+        _bfloat16_ops[op] = MPI.Op.Create(reduce_words, commute=True)
+    return _bfloat16_ops[op]
 
 
 class NcclCommunicator:
@@ -91,7 +116,7 @@ class NcclCommunicator:
         from mpi4py import MPI
         recv = _view(recvbuf, count, datatype)
         send = MPI.IN_PLACE if sendbuf == recvbuf else _view(sendbuf, count, datatype)
-        self._comm.Allreduce(send, recv, _mpi_op(op))
+        self._comm.Allreduce(send, recv, _mpi_op(op, datatype))
 
     def bcast(self, buff: int, count: int, datatype: int, root: int, stream: int) -> None:
         self._comm.Bcast(_view(buff, count, datatype), root)
@@ -100,7 +125,7 @@ class NcclCommunicator:
                       stream: int) -> None:
         n = self._comm.Get_size()
         self._comm.Reduce_scatter_block(_view(sendbuf, recvcount * n, datatype),
-                                        _view(recvbuf, recvcount, datatype), _mpi_op(op))
+                                        _view(recvbuf, recvcount, datatype), _mpi_op(op, datatype))
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
         n = self._comm.Get_size()
@@ -117,9 +142,9 @@ class NcclCommunicator:
         send = _view(sendbuf, count, datatype)
         if self._comm.Get_rank() == root:
             self._comm.Reduce(MPI_IN_PLACE() if sendbuf == recvbuf else send, _view(recvbuf, count, datatype),
-                              _mpi_op(op), root)
+                              _mpi_op(op, datatype), root)
         else:
-            self._comm.Reduce(send, None, _mpi_op(op), root)
+            self._comm.Reduce(send, None, _mpi_op(op, datatype), root)
 
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
         buf = _view(sendbuf, count, datatype)
