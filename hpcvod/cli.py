@@ -80,6 +80,17 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="make the job folder readable by your group (0750/0640) instead of you only (0700/0600); "
                    "default: the site's jobs.shared_with_group")
     p.add_argument("--container", help="container image to run the ranks in (the site's container runtime)")
+    group = p.add_argument_group("tf.data service compute job, submitted with the training (docs/data-service.md)")
+    group.add_argument("--data-service-nodes", type=int, metavar="N", help="CPU nodes that run the compute job "
+                       "(python -m hpcvod.tensorflow.data.compute_worker); the ranks find its config in "
+                       "$HPCVOD_DATA_SERVICE_CONFIG")
+    group.add_argument("--data-service-partition", metavar="P", help="their partition (default: the training's)")
+    group.add_argument("--data-service-tasks-per-node", type=int, metavar="T", help="compute ranks per node "
+                       "(default 1, with all the node's CPUs)")
+    group.add_argument("--data-service-dispatchers", type=int, metavar="D", help="dispatchers (default 1; the "
+                       "compute ranks must be a multiple)")
+    group.add_argument("--data-service-dispatcher-side", choices=["compute", "training"],
+                       help="where the dispatchers run (default compute)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
@@ -204,11 +215,29 @@ def _job_spec(args: argparse.Namespace, program: list[str]):
     if not program:
         raise UserError("missing SCRIPT: expected a script or command to run (hpcvod submit [OPTIONS] SCRIPT [ARGS...])")
     env, secret_env = parse_job_env(args.env, args.secret_env)
+    data_service = _data_service_spec(args)
     return JobSpec(program=program[0], args=tuple(program[1:]), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                    tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
                    partition=args.partition, account=args.account, job_name=args.job_name, env=env,
                    container=args.container, secret_env=secret_env, shared_job_dir=args.shared_job_dir,
-                   options=job_options({name: getattr(args, name) for name in option_names()}))
+                   options=job_options({name: getattr(args, name) for name in option_names()}),
+                   data_service=data_service)
+
+
+def _data_service_spec(args: argparse.Namespace):  # -> DataServiceSpec | None
+    from hpcvod.jobs.spec import DataServiceSpec
+
+    if args.data_service_nodes is None:
+        given = [f"--{name.replace('_', '-')}" for name in ("data_service_partition", "data_service_tasks_per_node",
+                                                              "data_service_dispatchers", "data_service_dispatcher_side")
+                 if getattr(args, name) is not None]
+        if given:
+            raise UserError(f"{given[0]}: goes with --data-service-nodes N (the compute job's nodes)")
+        return None
+    return DataServiceSpec(nodes=args.data_service_nodes, partition=args.data_service_partition,
+                           tasks_per_node=args.data_service_tasks_per_node,
+                           dispatchers=1 if args.data_service_dispatchers is None else args.data_service_dispatchers,
+                           dispatcher_side=args.data_service_dispatcher_side or "compute")
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
@@ -339,7 +368,7 @@ def _wait(ref, stream):  # -> JobStatus | None (None: Ctrl-C)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpcvod.jobs.submission import array_task_states, job_status
+    from hpcvod.jobs.submission import array_task_states, component_states, job_status
 
     ref = _job_ref(args.job, args.site)
     if args.wait:
@@ -349,6 +378,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         status = job_status(ref)
     tasks = array_task_states(ref)
+    parts = component_states(ref)
     if args.json:
         _print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
                      "reason": status.reason, "source": status.source, "site": ref.site, "scheduler": ref.scheduler,
@@ -356,7 +386,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                      # epoch seconds where the scheduler says: started (pending: expected to start), ended
                      "start_time": status.start_time, "end_time": status.end_time,
                      **({"tasks": [{"index": i, "state": t.state, "exit_code": t.exit_code, "raw": t.raw}
-                                   for i, t in tasks]} if tasks else {})})
+                                   for i, t in tasks]} if tasks else {}),
+                     **({"components": [{"part": name, "state": c.state, "exit_code": c.exit_code, "raw": c.raw}
+                                        for name, c in parts]} if parts else {})})
         return EXIT_OK
     line = f"{ref.job_id}  {status.state}"
     if status.exit_code is not None:
@@ -370,11 +402,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(line)
     for index, task in tasks:  # an array job: each task's own state and exit status
         print(f"  task {index}  {task.state}" + (f"  exit={task.exit_code}" if task.exit_code is not None else ""))
+    for index, (name, part) in enumerate(parts):  # a heterogeneous job: the compute part and the training
+        print(f"  component {index} ({name})  {part.state}"
+              + (f"  exit={part.exit_code}" if part.exit_code is not None else ""))
     return EXIT_FAILED if args.wait and status.state != "COMPLETED" else EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpcvod.jobs.watch import follow_output, log_files
+    from hpcvod.schedulers.base import DATA_SERVICE_LOG
 
     if args.rank is not None and args.rank < 0:
         raise UserError(f"logs: --rank {args.rank}: expected a rank number >= 0")
@@ -390,6 +426,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if index is not None:
                 print(f"==> array task {index}: {path.name} <==", flush=True)
             follow_output(ref, sys.stdout, follow=args.follow, rank=args.rank, path=path)
+        compute_log = ref.job_dir / DATA_SERVICE_LOG  # submit --data-service-nodes: the compute job's own log
+        if compute_log.exists():
+            print(f"==> tf.data service compute job: {DATA_SERVICE_LOG} <==", flush=True)
+            follow_output(ref, sys.stdout, follow=False, rank=args.rank, path=compute_log)
     except KeyboardInterrupt:
         return 130
     return EXIT_OK

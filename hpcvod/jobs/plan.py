@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.jobdir import find_job
-from hpcvod.jobs.spec import JobSpec, parse_time
+from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, parse_time
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
 from hpcvod.launchers.host import HostFacts
 from hpcvod.launchers.shell import ENV_KEY, Verbatim, safe_name
@@ -25,12 +25,39 @@ from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import JobOptions, merged
 from hpcvod.sites.loader import Site
-from hpcvod.sites.profile import AUTO, NAME_PATTERN, interconnect_env, time_seconds
+from hpcvod.sites.profile import AUTO, NAME_PATTERN, Partition, interconnect_env, time_seconds
 
 # Set by the script from the plan (docs/contract.md); --env may not override them.
 CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX",
-                "HPCVOD_MPI_FLAVOUR")
+                "HPCVOD_MPI_FLAVOUR", "HPCVOD_DATA_SERVICE_CONFIG")
 ARRAY_INDEX_ENV = "HPCVOD_ARRAY_INDEX"  # an array task's index, whatever the scheduler (docs/contract.md)
+# The tf.data service config's path, for the training ranks (docs/contract.md); the script sets it to a file in
+# the job folder, found at run time like the folder itself.
+DATA_SERVICE_CONFIG_ENV = "HPCVOD_DATA_SERVICE_CONFIG"
+COMPUTE_WORKER = "hpcvod.tensorflow.data.compute_worker"
+
+
+@dataclass(frozen=True)
+class DataServicePart:
+    """The tf.data service compute job of a plan (submit --data-service-nodes, docs/data-service.md): its own
+    nodes, ranks and launch line; the scheduler reads it as a JobRequest to write its part of the request."""
+
+    scheduler_job_name: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    world_size: int
+    partition: str
+    time_seconds: int
+    account: str | None
+    dispatchers: int
+    dispatcher_side: str
+    launch_argv: tuple[str, ...]
+    program_argv: tuple[str, ...]
+    hostfiles: tuple[str, str] | None = None  # the host lists the script splits the job's into: compute, training
+    gpus_per_node: int = 0
+    gpu_type: str | None = None
+    options: JobOptions = dataclasses.field(default_factory=JobOptions)  # none of its own: the job's are the training's
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,7 @@ class LaunchPlan:
     shared_job_dir: bool = False  # job folder group-readable (else owner only)
     options: JobOptions = dataclasses.field(default_factory=JobOptions)  # per-job scheduler options, resolved
     array_index_var: str | None = None  # the scheduler's variable for an array task's index; None: no array
+    data_service: DataServicePart | None = None  # a tf.data service compute job beside the training ranks
 
     @property
     def env(self) -> dict[str, str]:
@@ -94,6 +122,62 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
 
     close = difflib.get_close_matches(word, list(options), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _partition(site: Site, name: str, flag: str) -> Partition:
+    """The profile's partition ``name``, or one line naming ``flag`` and the partitions there are."""
+    partitions = site.profile.partitions
+    if name not in partitions:
+        raise UserError(f"{flag} {name!r}: site {site.name!r} has no such partition "
+                        f"(has: {', '.join(partitions)}){_did_you_mean(name, list(partitions))}")
+    return partitions[name]
+
+
+def _max_nodes(part: Partition, nodes: int, flag: str, partition_name: str, site: Site) -> None:
+    if part.max_nodes is not None and nodes > part.max_nodes:
+        raise UserError(f"{flag} {nodes}: partition {partition_name!r} of site {site.name!r} allows at most "
+                        f"{part.max_nodes} node{'s' if part.max_nodes > 1 else ''}")
+
+
+def _data_service_layout(ds: DataServiceSpec, site: Site, scheduler: Scheduler, host: HostFacts, partition: str,
+                         world: int, seconds: int, options: JobOptions) -> tuple[str, int, int, int]:
+    """(partition, nodes, tasks per node, CPUs per task) of the compute job; UserError for what cannot be."""
+    flag = f"--data-service-nodes {ds.nodes!r}"
+    if scheduler.data_service_layout is None:
+        raise UserError(f"{flag}: {scheduler.name} has no such request ({scheduler.data_service_refusal})")
+    _positive(ds.nodes, "--data-service-nodes")
+    _positive(ds.tasks_per_node, "--data-service-tasks-per-node")
+    _positive(ds.dispatchers, "--data-service-dispatchers")
+    if ds.dispatcher_side not in DISPATCHER_SIDES:
+        raise UserError(f"--data-service-dispatcher-side {ds.dispatcher_side!r}: expected one of "
+                        f"{', '.join(DISPATCHER_SIDES)}")
+    if options.array:
+        raise UserError(f"--array {options.array!r}: not with --data-service-nodes (one compute job serves one "
+                        "training job)")
+    if scheduler.data_service_layout == "components" and site.profile.launcher.kind != "srun":
+        raise UserError(f"{flag}: site {site.name!r} starts ranks with {site.profile.launcher.kind}; the compute "
+                        "job's heterogeneous job component needs srun --het-group (launcher.kind: srun)")
+    if scheduler.single_host and ds.nodes != 1:
+        raise UserError(f"{flag}: site {site.name!r} runs every rank on this machine: expected 1")
+    name = ds.partition or partition
+    part = _partition(site, name, "--data-service-partition")
+    _max_nodes(part, ds.nodes, "--data-service-nodes", name, site)
+    if part.max_time is not None and seconds > time_seconds(part.max_time):
+        raise UserError(f"--data-service-partition {name!r}: allows at most {part.max_time}, the training job asks "
+                        f"for {seconds} s (--time)")
+    node_cpus = host.cpu_count if part.cpus_per_node == AUTO else part.cpus_per_node
+    tasks = ds.tasks_per_node or 1
+    if not scheduler.single_host and tasks > node_cpus:
+        raise UserError(f"--data-service-tasks-per-node {tasks}: partition {name!r} of site {site.name!r} has "
+                        f"{node_cpus} CPUs per node")
+    if (ds.nodes * tasks) % ds.dispatchers:
+        raise UserError(f"--data-service-tasks-per-node {tasks}: {ds.nodes} node(s) x {tasks} = "
+                        f"{ds.nodes * tasks} compute ranks cannot be split among {ds.dispatchers} dispatchers: "
+                        "expected a multiple of --data-service-dispatchers")
+    if ds.dispatchers not in (1, world):  # a training rank reads from dispatcher 0, or from its own
+        raise UserError(f"--data-service-dispatchers {ds.dispatchers}: expected 1 (shared by every training rank) or "
+                        f"{world} (one per training rank)")
+    return name, ds.nodes, tasks, max(1, node_cpus // tasks)
 
 
 def _program_argv(spec: JobSpec, site: Site, host: HostFacts, python: str) -> list[str]:
@@ -150,10 +234,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
 
     # -- partition and what its nodes have
     partition_name = spec.partition or profile.default_partition or next(iter(profile.partitions))
-    if partition_name not in profile.partitions:
-        raise UserError(f"--partition {partition_name!r}: site {site.name!r} has no such partition "
-                        f"(has: {', '.join(profile.partitions)}){_did_you_mean(partition_name, list(profile.partitions))}")
-    part = profile.partitions[partition_name]
+    part = _partition(site, partition_name, "--partition")
     node_cpus = host.cpu_count if part.cpus_per_node == AUTO else part.cpus_per_node
     node_gpus = host.gpu_count if part.gpus_per_node == AUTO else part.gpus_per_node
 
@@ -163,9 +244,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     _positive(spec.tasks_per_node, "--tasks-per-node")
     _positive(spec.cpus_per_task, "--cpus-per-task")
     nodes = spec.nodes or 1
-    if part.max_nodes is not None and nodes > part.max_nodes:
-        raise UserError(f"--nodes {nodes}: partition {partition_name!r} of site {site.name!r} allows at most "
-                        f"{part.max_nodes} node{'s' if part.max_nodes > 1 else ''}")
+    _max_nodes(part, nodes, "--nodes", partition_name, site)
     gpus = spec.gpus_per_node or 0
     if gpus > node_gpus:
         raise UserError(f"--gpus-per-node {gpus}: partition {partition_name!r} of site {site.name!r} has "
@@ -201,6 +280,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     if account is not None:
         if not re.fullmatch(NAME_PATTERN.regex, account):
             raise UserError(f"--account {account!r}: expected {NAME_PATTERN.meaning}")
+    ds = spec.data_service
+    ds_layout = _data_service_layout(ds, site, scheduler, host, partition_name, world, seconds, options) if ds else None
 
     # -- MPI and launcher ('auto' = the MPI installed beside this Python or on PATH)
     flavour = profile.mpi.flavour
@@ -227,6 +308,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     # the line labeller runs where the launcher starts the rank: inside a pyxis container, outside a wrapped one
     label_python = python if not image or runtime == "pyxis" else (profile.python or host.python)
     srun_container_args: list[str] = []
+    wrap: list[str] = []  # words before the program when the container wraps it
     if image and runtime == "pyxis":
         srun_container_args = [f"--container-image={image}"]
         if profile.container.mounts:
@@ -236,7 +318,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         wrap = [runtime, "exec"] + (["--nv"] if gpus else [])
         for mount in profile.container.mounts:
             wrap += ["--bind", mount]
-        program = wrap + list(profile.container.args) + [image] + program
+        wrap += [*profile.container.args, image]
+    program = wrap + program
 
     # -- environment: the site's, the launcher's, the contract's, then the user's
     job_name = spec.job_name if spec.job_name is not None else Path(spec.program).stem or "job"
@@ -267,16 +350,34 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
             raise UserError(f"--env {key}: site {site.name!r} sets it in the script already; choose another name")
     contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name,
                 "HPCVOD_MPI_FLAVOUR": flavour}  # hvd.init() checks the MPI it loads against it
-    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array_index_var else []), *user_env,
-               *secret_env]
+    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array_index_var else []),
+               *([DATA_SERVICE_CONFIG_ENV] if ds else []), *user_env, *secret_env]
 
     launcher = launcher_for(profile.launcher.kind, flavour)
-    line = launcher.line(LaunchRequest(
+    components = ds is not None and scheduler.data_service_layout == "components"
+    hostfiles = scheduler.part_hostfiles if ds and scheduler.data_service_layout == "hostfiles" else None
+    hostfile = hostfiles[1] if hostfiles else scheduler.hostfile
+    request = LaunchRequest(
         executable=executable, world_size=world, nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
         mpi_plugin=profile.launcher.mpi_plugin, pmi_library=profile.mpi.pmi_library,
-        hostfile=Verbatim(scheduler.hostfile) if scheduler.hostfile else None, single_host=scheduler.single_host,
+        hostfile=Verbatim(hostfile) if hostfile else None, single_host=scheduler.single_host,
         forward_env=forward, is_root=host.is_root, extra_args=profile.launcher.args,
-        srun_container_args=srun_container_args))
+        srun_container_args=srun_container_args, het_group=1 if components else None)
+    line = launcher.line(request)
+    data_service = None
+    if ds and ds_layout:
+        ds_partition, ds_nodes, ds_tasks, ds_cpus = ds_layout
+        compute_line = launcher.line(dataclasses.replace(
+            request, world_size=ds_nodes * ds_tasks, nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
+            hostfile=Verbatim(hostfiles[0]) if hostfiles else request.hostfile, het_group=0 if components else None))
+        data_service = DataServicePart(
+            scheduler_job_name=safe_name(job_name), nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
+            world_size=ds_nodes * ds_tasks, partition=ds_partition, time_seconds=seconds, account=account,
+            dispatchers=ds.dispatchers, dispatcher_side=ds.dispatcher_side,
+            launch_argv=tuple(compute_line.argv) + tuple(label_argv(label_python)),
+            program_argv=(*wrap, python, "-m", COMPUTE_WORKER, "--dispatchers", str(ds.dispatchers),
+                          "--dispatcher-side", ds.dispatcher_side, Verbatim(f'"${DATA_SERVICE_CONFIG_ENV}"')),
+            hostfiles=hostfiles)
     groups = [("site profile", site_env), ("launcher", line.env), ("hpcvod (docs/contract.md)", contract),
               ("--env", user_env)]
     env_groups = tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs)
@@ -290,9 +391,10 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         env_groups=env_groups,
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
         directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command),
-        secret_env=secret_env, options=options, array_index_var=array_index_var,
+        secret_env=secret_env, options=options, array_index_var=array_index_var, data_service=data_service,
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
-    directives = apply_directive_overrides(scheduler.directives(plan), profile.directives.skip,
-                                           profile.directives.extra)
+    generated = (scheduler.data_service_directives(data_service, plan) if data_service
+                 else scheduler.directives(plan))
+    directives = apply_directive_overrides(generated, profile.directives.skip, profile.directives.extra)
     return dataclasses.replace(plan, directives=tuple(directives))
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.launchers.shell import Verbatim, shell_quote
+from hpcvod.schedulers.base import DATA_SERVICE_CONFIG, DATA_SERVICE_LOG
 from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.files import open_regular, write_atomic
@@ -77,6 +78,10 @@ def render(plan: LaunchPlan, template: str) -> str:
         # an array task's index: the scheduler module's own variable name (a constant of its class)
         "array_index": Verbatim(f'"${plan.array_index_var}"') if plan.array_index_var else None,  # names checked by resolve: [A-Za-z0-9_] only
         "command": Verbatim(" ".join(shell_quote(w) for w in plan.command)) if plan.command else Verbatim("(none)"),
+        # the host lists a job with a data service splits its own into: shell text of the scheduler module
+        "part_hostfiles": [Verbatim(h) for h in plan.data_service.hostfiles]
+        if plan.data_service and plan.data_service.hostfiles else None,
+        "data_service_log": Verbatim(DATA_SERVICE_LOG), "data_service_config": Verbatim(DATA_SERVICE_CONFIG),
     }
     return environment().get_template(template).render(context)
 

@@ -10,6 +10,19 @@ from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import JobOptions
 
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
+DISPATCHER_SIDES = ("compute", "training")  # python -m hpcvod.tensorflow.data.compute_worker --dispatcher-side
+
+
+@dataclass(frozen=True)
+class DataServiceSpec:
+    """``submit --data-service-nodes N``: a tf.data service compute job submitted with the training job
+    (docs/data-service.md); None means "the site's default" as in JobSpec."""
+
+    nodes: int
+    partition: str | None = None
+    tasks_per_node: int | None = None  # default 1: one tf.data worker per node, with all its cores
+    dispatchers: int = 1
+    dispatcher_side: str = "compute"
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,7 @@ class JobSpec:
     secret_env: tuple[str, ...] = ()
     shared_job_dir: bool | None = None  # None: the site's jobs.shared_with_group
     options: JobOptions = field(default_factory=JobOptions)  # --exclusive, --mem, --array... (checked already)
+    data_service: DataServiceSpec | None = None  # a tf.data service compute job beside the training ranks
 
 
 def parse_time(text: str, flag: str = "--time") -> int:

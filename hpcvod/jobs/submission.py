@@ -142,6 +142,27 @@ def array_task_states(ref: JobRef) -> list[tuple[int, JobStatus]]:
     return out
 
 
+DATA_SERVICE_PARTS = ("data service", "training")  # the components of a job with a data service, in order
+
+
+def component_states(ref: JobRef) -> list[tuple[str, JobStatus]]:
+    """Each part of a job submitted with a tf.data service compute job, where its scheduler runs them as separate
+    components (Slurm's heterogeneous job: the compute part, then the training); [] for any other job."""
+    if ref.job_dir is None:
+        return []
+    plan = read_json(ref.job_dir / REQUEST_FILE).get("plan")
+    if not isinstance(plan, dict) or not plan.get("data_service"):
+        return []
+    scheduler = scheduler_of(ref)
+    out = []
+    for index, part in enumerate(DATA_SERVICE_PARTS):
+        component = scheduler.component_job_id(ref.job_id, index)
+        if component is None:
+            return []
+        out.append((part, scheduler.status(component, None)))
+    return out
+
+
 def cancel_job(ref: JobRef) -> None:
     """Mark the folder (so the job's end reads CANCELLED), then ask the scheduler; a refusal takes back a mark
     this call made."""

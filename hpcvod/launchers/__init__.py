@@ -46,6 +46,7 @@ class LaunchRequest:
     is_root: bool = False
     extra_args: Sequence[str] = ()
     srun_container_args: Sequence[str] = ()  # pyxis options (srun only)
+    het_group: int | None = None  # srun --het-group=N: the component of a Slurm heterogeneous job (srun only)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ class SrunLauncher(Launcher):
 
     def line(self, req: LaunchRequest) -> LaunchLine:
         argv = [req.executable or "srun"]
+        if req.het_group is not None:
+            argv.append(f"--het-group={req.het_group}")
         if req.mpi_plugin:
             argv.append(f"--mpi={req.mpi_plugin}")
         argv += [f"--nodes={req.nodes}", f"--ntasks={req.world_size}", f"--ntasks-per-node={req.tasks_per_node}",

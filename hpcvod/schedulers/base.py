@@ -31,6 +31,8 @@ TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT})
 
 EXIT_FILE = "exitcode"  # written by every rendered script on exit (docs/submission.md)
 OUTPUT_FILE = "output.log"
+DATA_SERVICE_LOG = "data-service.log"  # the tf.data service compute job's own log (submit --data-service-nodes)
+DATA_SERVICE_CONFIG = "data-service.json"  # its config, for the training ranks (HPCVOD_DATA_SERVICE_CONFIG)
 CANCEL_FILE = "cancelled"  # written by `hpcvod cancel` before it asks the scheduler
 
 
@@ -112,6 +114,14 @@ class Scheduler:
     # one machine (local: no hosts, and the node's CPU count is no limit).
     hostfile: ClassVar[str | None] = None
     single_host: ClassVar[bool] = False
+    # A job with a tf.data service compute job (submit --data-service-nodes; docs/data-service.md): how its two
+    # parts get their nodes. "components": one heterogeneous job, each part launched in its own component
+    # (srun --het-group=0 the compute part, 1 the training); "hostfiles": one job whose host list the script
+    # splits into part_hostfiles (the compute part's first); "here": both on this machine; None: refused, and
+    # data_service_refusal says why.
+    data_service_layout: ClassVar[str | None] = None
+    data_service_refusal: ClassVar[str] = ""
+    part_hostfiles: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -123,6 +133,11 @@ class Scheduler:
     def directives(self, plan: JobRequest) -> list[str]:
         """The resource request, one directive per line, without the prefix."""
         return []
+
+    def data_service_directives(self, compute: JobRequest, training: JobRequest) -> list[str]:
+        """The resource request of a training job (``training``) with its tf.data service compute part
+        (``compute``: its nodes, tasks and CPUs; no options of its own)."""
+        return self.directives(training)
 
     def check_job_options(self, options: JobOptions) -> None:
         """Refuse (UserError, one line) every option given that this scheduler has no directive for."""
@@ -136,6 +151,10 @@ class Scheduler:
 
     def task_job_id(self, job_id: str, index: int) -> str | None:
         """The id this scheduler's commands take for one task of array job ``job_id`` (None: it has none)."""
+        return None
+
+    def component_job_id(self, job_id: str, index: int) -> str | None:
+        """The id of component ``index`` of a job laid out in components (data_service_layout; None: none)."""
         return None
 
     def output_file(self, plan: JobRequest) -> str:

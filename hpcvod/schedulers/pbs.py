@@ -11,6 +11,7 @@ from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNI
                                     JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
                                     qsub_begin_and_mail, qsub_range, qsub_sched_opts, run_command,
                                     status_from_exit_file)
+from hpcvod.sites.errors import UserError
 from hpcvod.sites.spec import Pattern, doc
 
 
@@ -94,20 +95,38 @@ class PbsScheduler(Scheduler):
     hostfile = '"$PBS_NODEFILE"'
     array_output = "output.^array_index^.log"
 
-    def directives(self, plan: JobRequest) -> list[str]:
-        chunk = [f"select={plan.nodes}", f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
+    # the compute part's chunks come first in select=, so their hosts are the first lines of PBS_NODEFILE
+    data_service_layout = "hostfiles"
+    part_hostfiles = ('"$HPCVOD_JOB_DIR/hosts.data-service"', '"$HPCVOD_JOB_DIR/hosts.training"')
+
+    def _chunk(self, plan: JobRequest) -> str:
+        """``N:ncpus=..:mpiprocs=..``: N chunks of one node's share of the job."""
+        chunk = [str(plan.nodes), f"ncpus={plan.tasks_per_node * plan.cpus_per_task}",
                  f"mpiprocs={plan.tasks_per_node}", f"ompthreads={plan.cpus_per_task}"]
         if plan.gpus_per_node:
             chunk.append(f"{self.options.gpu_resource}={plan.gpus_per_node}")
+        if plan.options.mem is not None:  # a chunk is a node here: memory per node
+            chunk.append(f"mem={pbs_size(plan.options.mem)}")
+        return ":".join(chunk)
+
+    def directives(self, plan: JobRequest) -> list[str]:
+        return self._directives(plan, [self._chunk(plan)])
+
+    def data_service_directives(self, compute: JobRequest, training: JobRequest) -> list[str]:
+        """One job, two chunk kinds: ``select=<compute chunks>+<training chunks>``, both from the job's queue."""
+        if compute.partition != training.partition:
+            raise UserError(f"--data-service-partition {compute.partition!r}: a PBS job runs in one queue "
+                            f"({training.partition!r}); both chunk kinds come from it")
+        return self._directives(training, [self._chunk(compute), self._chunk(training)])
+
+    def _directives(self, plan: JobRequest, chunks: list[str]) -> list[str]:
         job = plan.options
-        if job.mem is not None:  # a chunk is a node here: memory per node
-            chunk.append(f"mem={pbs_size(job.mem)}")
         place = self.options.place
         if job.exclusive and "excl" not in place:
             place += ":excl"
         out = [
             f"-N {plan.scheduler_job_name}",
-            "-l " + ":".join(chunk),
+            "-l select=" + "+".join(chunks),
             f"-l place={place}",
             f"-l walltime={pbs_walltime(plan.time_seconds)}",
             f"-q {plan.partition}",

@@ -126,6 +126,9 @@ class SgeScheduler(Scheduler):
     array_index_var = "SGE_TASK_ID"
     hostfile = '"$HPCVOD_JOB_DIR/hostfile"'  # sge.j2 writes it from $PE_HOSTFILE
     array_output = "output.$TASK_ID.log"
+    data_service_refusal = ("a Grid Engine job has one parallel environment: submit the compute job (python -m "
+                            "hpcvod.tensorflow.data.compute_worker CONFIG) and the training job as two jobs, "
+                            "docs/data-service.md")
 
     def directives(self, plan: JobRequest) -> list[str]:
         out = [

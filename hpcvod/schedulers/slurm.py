@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ from typing import Literal, Mapping, Sequence
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
                                     JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, run_command,
                                     sched_opt_parts, status_from_exit_file)
+from hpcvod.sites.joboptions import JobOptions
 from hpcvod.sites.spec import doc
 
 
@@ -92,9 +94,38 @@ class SlurmScheduler(Scheduler):
     array_index_var = "SLURM_ARRAY_TASK_ID"
     array_output = "output.%a.log"  # %a: the array task's index
 
+    data_service_layout = "components"
+
     def directives(self, plan: JobRequest) -> list[str]:
+        out = [f"--job-name={plan.scheduler_job_name}", *self._resources(plan)]
+        job = plan.options
+        for name, value in (("begin", job.begin), ("mail-type", job.mail_type), ("mail-user", job.mail_user),
+                            ("dependency", job.dependency), ("array", job.array)):
+            if value is not None:
+                out.append(f"--{name}={value}")
+        out.append(f"--output={self.output_file(plan)}")  # relative to the submit dir = the job folder
+        # preemption, `scontrol requeue` and the script's own requeue put the job back in the queue; each run
+        # adds to output.log instead of wiping the one before (docs/preemption.md)
+        out.append("--requeue")
+        out.append("--open-mode=append")
+        warning = min(self.options.requeue_warning, plan.time_seconds // 2)
+        if warning > 0:
+            out.append(f"--signal=B:USR1@{warning}")
+        return out + self._sched_opts(job.sched_opt)
+
+    def data_service_directives(self, compute: JobRequest, training: JobRequest) -> list[str]:
+        """One heterogeneous job: component 0 the compute part (the batch script runs on its first node) with the
+        job-wide requests (name, log, dependency, begin, mail, requeue), component 1 the training ranks with the
+        per-node ones (--exclusive, --mem, --constraint...) and --sched-opt."""
+        job = training.options
+        whole = JobOptions(begin=job.begin, mail_type=job.mail_type, mail_user=job.mail_user,
+                           dependency=job.dependency)
+        first = self.directives(dataclasses.replace(compute, options=whole))  # type: ignore[type-var]
+        return [*first, "hetjob", *self._resources(training), *self._sched_opts(job.sched_opt)]
+
+    def _resources(self, plan: JobRequest) -> list[str]:
+        """What one component asks for: nodes, tasks, CPUs, GPUs, time, partition, account, per-node options."""
         out = [
-            f"--job-name={plan.scheduler_job_name}",
             f"--nodes={plan.nodes}",
             f"--ntasks={plan.world_size}",  # sbatch needs -n for the srun inside to start more than one task
             f"--ntasks-per-node={plan.tasks_per_node}",
@@ -116,19 +147,16 @@ class SlurmScheduler(Scheduler):
             out.append("--exclusive")
         for name, value in (("mem", job.mem), ("mem-per-gpu", job.mem_per_gpu), ("constraint", job.constraint),
                             ("qos", job.qos), ("reservation", job.reservation), ("nodelist", job.nodelist),
-                            ("exclude", job.exclude), ("begin", job.begin), ("mail-type", job.mail_type),
-                            ("mail-user", job.mail_user), ("dependency", job.dependency), ("array", job.array)):
+                            ("exclude", job.exclude)):
             if value is not None:
                 out.append(f"--{name}={value}")
-        out.append(f"--output={self.output_file(plan)}")  # relative to the submit dir = the job folder
-        # preemption, `scontrol requeue` and the script's own requeue put the job back in the queue; each run
-        # adds to output.log instead of wiping the one before (docs/preemption.md)
-        out.append("--requeue")
-        out.append("--open-mode=append")
-        warning = min(self.options.requeue_warning, plan.time_seconds // 2)
-        if warning > 0:
-            out.append(f"--signal=B:USR1@{warning}")
-        for item in job.sched_opt:  # last: sbatch takes the last of a repeated option, so they can override
+        return out
+
+    @staticmethod
+    def _sched_opts(items: Sequence[str]) -> list[str]:
+        """--sched-opt, last: sbatch takes the last of a repeated option, so they can override."""
+        out = []
+        for item in items:
             key, value = sched_opt_parts(item)
             if len(key) == 1:
                 out.append(f"-{key}" if value is None else f"-{key} {value}")
@@ -138,6 +166,9 @@ class SlurmScheduler(Scheduler):
 
     def task_job_id(self, job_id: str, index: int) -> str | None:
         return f"{job_id}_{index}"
+
+    def component_job_id(self, job_id: str, index: int) -> str | None:
+        return f"{job_id}+{index}"
 
     @staticmethod
     def parse_job_id(text: str) -> str:
@@ -194,7 +225,7 @@ class SlurmScheduler(Scheduler):
                 jobs = None
             if jobs is not None:
                 for job in jobs:
-                    if str(job.get("job_id")) == job_id.split("_")[0] or str(job.get("array_job_id")) == job_id:
+                    if _is_job(job, job_id):
                         word = job.get("job_state")
                         word = " ".join(word) if isinstance(word, list) else str(word)
                         return JobStatus(slurm_state(word), raw=word, exit_code=_json_exit_code(job.get("exit_code")),
@@ -232,6 +263,15 @@ class SlurmScheduler(Scheduler):
         word, code, start, end = (lines[0].split("|") + ["", "", ""])[:4]
         return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct",
                          start_time=slurm_epoch(start), end_time=slurm_epoch(end))
+
+
+def _is_job(job: dict, job_id: str) -> bool:
+    """Whether an entry of ``squeue --json --jobs job_id`` is that job: ``123``, an array task ``123_4``, or a
+    heterogeneous job's component ``123+1`` (squeue lists it under its own job id, 124)."""
+    leader, _, offset = job_id.partition("+")
+    if offset:
+        return str(job.get("het_job_id")) == leader and str(job.get("het_job_offset")) == offset
+    return str(job.get("job_id")) == job_id.split("_")[0] or str(job.get("array_job_id")) == job_id
 
 
 def _json_exit_code(value: object) -> int | None:
