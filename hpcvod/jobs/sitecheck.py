@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -232,6 +233,7 @@ def _environment_checks(site: Site, request: Request, records: list[Optional[dic
     checks.append(Check("env.python", PASS if len(pythons) == 1 else WARN,
                         f"hpcvod {got[0]['hpcvod']['file']} under {', '.join(pythons)} "
                         f"(Python {got[0]['python_version']})"))
+    checks.append(_container_check(site, got))
     for name in request.frameworks:
         missing = [f"{r['hostname']}: {r['frameworks'][name].get('error')}" for r in got
                    if r["frameworks"][name]["ok"] != "yes"]
@@ -253,25 +255,159 @@ def tcp_transport(settings: dict[str, str]) -> Optional[str]:
     return None
 
 
+TCP, RDMA, SHM = "tcp", "rdma", "shared memory"
+_TCP_NAMES = ("tcp", "sockets", "udp", "net")
+_SHM_NAMES = ("shm", "sm", "vader", "smcuda", "self", "sysv", "posix", "cma", "xpmem", "knem", "memory")
+_RDMA_PREFIXES = ("verbs", "mlx", "psm", "opx", "cxi", "efa", "rc", "ud", "dc", "ib", "openib", "gni", "bgq")
+
+
+def transport_class(name: str) -> Optional[str]:
+    """tcp, rdma or shared memory for a libfabric provider ("verbs;ofi_rxm"), a UCX transport ("rc_mlx5/mlx5_0:1")
+    or an Open MPI btl ("tcp"); None for names that say neither (Open MPI's uct or ofi btl, GPU copies)."""
+    base = name.split(";")[0].split("/")[0].strip().lower()
+    if base in _TCP_NAMES:
+        return TCP
+    if base in _SHM_NAMES:
+        return SHM
+    return RDMA if base.startswith(_RDMA_PREFIXES) else None
+
+
+def mpi_reported(records: list[dict]) -> list[tuple[Optional[str], str]]:
+    """(transport class, the MPI's own line) for each line in which an MPI named what carries traffic between
+    nodes: the libfabric provider (MPICH's OFI netmod, Intel MPI), UCX's inter-node configuration, Open MPI's btl
+    for a peer on another node."""
+    found: dict[str, Optional[str]] = {}
+    for record in records:
+        for line in record.get("transport", {}).get("reported", []):
+            if "libfabric provider:" in line:
+                words = line.split("libfabric provider:", 1)[1].split()
+                found.setdefault(line, transport_class(words[0]) if words else None)
+            elif " inter-node cfg#" in line:
+                tag = re.search(r"tag\(([^)]*)\)", line)
+                classes = {transport_class(t) for t in tag.group(1).split()} if tag else set()
+                found.setdefault(line, RDMA if RDMA in classes else TCP if TCP in classes else None)
+            else:
+                btl = re.search(r"Using (\S+) btl for send to \S+ on node (\S+)", line)
+                if btl and btl.group(2) != record.get("hostname"):
+                    found.setdefault(line, transport_class(btl.group(1)))
+    return list((cls, line) for line, cls in found.items())
+
+
 def _interconnect_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
+    checks = [_interfaces_check(site, [r for r in records if r is not None and "interfaces" in r])]
     got = [r for r in records if r is not None and "transport" in r]
     if not got:
-        return [Check("interconnect.mpi_transport", SKIP, "no rank got as far as MPI")]
+        return [Check("interconnect.mpi_transport", SKIP, "no rank got as far as MPI"), *checks]
     kind = site.profile.interconnect.kind
     transport = got[0]["transport"]
     settings = transport["settings"]
     said = ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "no transport variables set"
     evidence = f"{said}; MPICH device {transport['device']}" if transport.get("device") else said
-    tcp = tcp_transport(settings)
-    if tcp and kind in ("infiniband", "roce") and request.nodes > 1:
-        checks = [Check("interconnect.mpi_transport", FAIL, f"the profile says {kind} but {tcp} sends MPI's "
-                        f"traffic over TCP sockets ({evidence})")]
+    reported = [(cls, line) for cls, line in mpi_reported(got) if cls in (TCP, RDMA)]
+    fast = kind in ("infiniband", "roce")
+    if request.nodes > 1 and reported:
+        tcp = next((line for cls, line in reported if cls == TCP), None)
+        if tcp and fast:
+            check = Check("interconnect.mpi_transport", FAIL, f"the profile says {kind} but the MPI reported TCP for "
+                          f"traffic between nodes: {tcp!r} (source: the MPI's own report; settings: {evidence})")
+        else:
+            classes = ", ".join(sorted({cls for cls, _ in reported}))
+            check = Check("interconnect.mpi_transport", PASS, f"between nodes: {classes}, as the MPI reported: "
+                          f"{reported[0][1]!r} (interconnect.kind {kind}; source: the MPI's own report; settings: "
+                          f"{evidence})")
     else:
-        checks = [Check("interconnect.mpi_transport", PASS, f"{evidence} (interconnect.kind {kind}; read from the "
-                        f"MPI's settings and version text, not from traffic counters)")]
+        source = ("one node: no traffic between nodes" if request.nodes == 1
+                  else "source: the MPI's settings; it printed no line naming its transport between nodes")
+        tcp = tcp_transport(settings)
+        if tcp and fast and request.nodes > 1:
+            check = Check("interconnect.mpi_transport", FAIL, f"the profile says {kind} but {tcp} sends MPI's "
+                          f"traffic over TCP sockets ({evidence}; {source})")
+        else:
+            check = Check("interconnect.mpi_transport", PASS, f"{evidence} (interconnect.kind {kind}; {source})")
+    checks.insert(0, check)
     checks.append(Check("interconnect.nccl", SKIP, "no GPUs in this check (--gpus-per-node): NCCL not started"
                         if not request.gpus_per_node else "NCCL's network choice (NCCL_DEBUG=INFO) is not read yet"))
     return checks
+
+
+# each setting that names interfaces: how NCCL-style prefix lists (^ excludes, = exact) or exact lists read
+_PREFIX_LISTS = {"NCCL_SOCKET_IFNAME": "net", "NCCL_IB_HCA": "ib"}
+_EXACT_LISTS = ("GLOO_SOCKET_IFNAME", "FI_TCP_IFACE", "I_MPI_HYDRA_IFACE", "OMPI_MCA_btl_tcp_if_include",
+                "OMPI_MCA_oob_tcp_if_include", "UCX_NET_DEVICES")
+_PROFILE_KEYS = {"NCCL_SOCKET_IFNAME": "interconnect.socket_ifname", "NCCL_IB_HCA": "interconnect.ib_hca"}
+
+
+def missing_interfaces(variable: str, value: str, have: dict[str, list[str]]) -> list[str]:
+    """The names in ``variable=value`` that this node (``have``: its "net" interfaces and "ib" HCAs) cannot
+    satisfy; [] when it can. NCCL lists match by prefix (``=`` exact; a ``^`` list only excludes, never fails);
+    the MPI's lists name exact interfaces (Open MPI's subnets in CIDR form and UCX's ``all`` are not names)."""
+    if variable in _PREFIX_LISTS:
+        if value.startswith("^"):
+            return []
+        exact = value.startswith("=")
+        names = [n.split(":")[0] for n in value.lstrip("=").split(",") if n]
+        pool = have.get(_PREFIX_LISTS[variable], [])
+        ok = any(i == n if exact else i.startswith(n) for n in names for i in pool)
+        return [] if ok else names
+    missing = []
+    for name in (n.strip() for n in value.split(",")):
+        if not name or name == "all" or "/" in name:
+            continue
+        if ":" in name:   # UCX's HCA:port
+            if name.split(":")[0] not in have.get("ib", []):
+                missing.append(name)
+        elif name not in have.get("net", []):
+            missing.append(name)
+    return missing
+
+
+def _interfaces_check(site: Site, got: list[dict]) -> Check:
+    """Each interface or HCA the job's settings name exists on every node."""
+    nodes: dict[str, dict] = {}
+    for record in got:
+        nodes.setdefault(record["hostname"], record)
+    settings = {k: v for record in nodes.values() for k, v in record.get("interface_settings", {}).items()}
+    if not settings:
+        return Check("interconnect.interfaces", SKIP, "no setting names an interface or HCA (interconnect."
+                     "socket_ifname, ib_hca, FI_TCP_IFACE, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include ...)")
+    problems = []
+    for variable, value in sorted(settings.items()):
+        if variable not in _PREFIX_LISTS and variable not in _EXACT_LISTS:
+            continue
+        bad = {host: missing_interfaces(variable, value, record["interfaces"]) for host, record in nodes.items()}
+        bad = {host: names for host, names in bad.items() if names}
+        if bad:
+            host = next(iter(bad))
+            kind = "HCAs" if _PREFIX_LISTS.get(variable) == "ib" or ":" in bad[host][0] else "interfaces"
+            said = f" ({_PROFILE_KEYS[variable]})" if variable in _PROFILE_KEYS else ""
+            there = nodes[host]["interfaces"].get("ib" if kind == "HCAs" else "net", [])
+            problems.append(f"{variable}={value}{said}: no {', '.join(bad[host])} on {', '.join(bad)} "
+                            f"({host} has {kind}: {', '.join(there) or 'none'})")
+    named = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    return Check("interconnect.interfaces", FAIL if problems else PASS,
+                 "; ".join(problems) if problems else f"{named}: present on {', '.join(sorted(nodes))}")
+
+
+def _container_check(site: Site, got: list[dict]) -> Check:
+    """The ranks run inside the profile's container: apptainer/singularity set APPTAINER_CONTAINER or
+    SINGULARITY_CONTAINER inside; pyxis/enroot leave no marker this check knows (a warn with the OS seen)."""
+    image, runtime = site.profile.container.image, site.profile.container.runtime
+    if not image:
+        return Check("env.container", SKIP, "the profile names no container image (container.image)")
+    if not got:
+        return Check("env.container", FAIL, f"no rank started in container {image!r} (see env.setup)")
+    seen = sorted({r.get("container", {}).get("os", "?") for r in got})
+    if runtime == "pyxis":
+        return Check("env.container", WARN, f"{len(got)} rank(s) started through pyxis with {image!r}; they see "
+                     f"{', '.join(seen)} (pyxis/enroot leave no marker this check can read)")
+    outside = [f"{r['hostname']} rank {r.get('launcher_rank')}" for r in got
+               if not any(r.get("container", {}).get(k) for k in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"))]
+    if outside:
+        return Check("env.container", FAIL, f"{len(outside)} rank(s) outside any {runtime} container: "
+                     f"{', '.join(outside[:4])} (no APPTAINER_CONTAINER/SINGULARITY_CONTAINER)")
+    images = sorted({r["container"].get("APPTAINER_CONTAINER") or r["container"].get("SINGULARITY_CONTAINER")
+                     for r in got})
+    return Check("env.container", PASS, f"every rank inside {', '.join(images)} ({', '.join(seen)})")
 
 
 def _peak(points: list[dict], key: str) -> float:

@@ -9,10 +9,14 @@ link table as JSON into the job folder. Only the runtime is imported: the submis
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
+import re
+import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +33,23 @@ LATENCY_BYTES = 8
 # the settings that choose the MPI's transport (what the library reports of itself comes from its version text)
 TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPIR_CVAR_NEMESIS_NETMOD", "FI_PROVIDER", "UCX_TLS", "UCX_NET_DEVICES",
                        "OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_mtl", "I_MPI_FABRICS", "I_MPI_OFI_PROVIDER")
+# what makes each MPI say which transport it picked, set only where the job did not set it already (measured with
+# the three wheels: MPICH's OFI netmod prints "libfabric provider: tcp - 10.0.0.0/24", Intel MPI "MPI startup():
+# libfabric provider: tcp" once it uses its network, UCX (MPICH's default netmod, Open MPI's pml ucx) "ucp_context_0
+# inter-node cfg#2 tag(tcp/eth0 ...)", Open MPI's ob1 "mca: bml: Using tcp btl for send to [[..],2] on node n2")
+REPORTING_VARIABLES = {"MPIR_CVAR_DEBUG_SUMMARY": "1", "I_MPI_DEBUG": "5", "OMPI_MCA_btl_base_verbose": "1",
+                       "UCX_LOG_LEVEL": "info"}
+REPORTED_PATTERNS = (re.compile(r"libfabric provider: .*"),
+                     re.compile(r"ucp_context_\d+ +(?:self|intra-node|inter-node) cfg#\d+ .*"),
+                     re.compile(r"mca: bml: Using \S+ btl for send to \S+ on node \S+"))
+MAX_REPORTED_LINES = 40
+# the settings that name network interfaces or HCAs: each must exist on every node
+INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME", "FI_TCP_IFACE", "UCX_NET_DEVICES",
+                       "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "I_MPI_HYDRA_IFACE")
+# what a container runtime leaves inside: apptainer/singularity set the first two, podman/systemd-nspawn `container`
+CONTAINER_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "APPTAINER_NAME", "SINGULARITY_NAME",
+                       "container", "PYXIS_CONTAINER_IMAGE")
+CONTAINER_FILES = ("/.singularity.d", "/.dockerenv", "/run/.containerenv")
 
 
 def sizes(max_bytes: int, start: int = 4 * KIB, step: int = 4) -> list[int]:
@@ -56,6 +77,74 @@ def _frameworks(names: list[str]) -> dict[str, dict[str, str]]:
         except Exception as err:  # an ImportError or a broken install: either way the user's job would fail
             found[name] = {"ok": "no", "error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
     return found
+
+
+def interfaces() -> dict[str, list[str]]:
+    """This node's network interfaces and InfiniBand HCAs (the names a profile's settings may use)."""
+    try:
+        nets = sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        nets = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    hcas = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    return {"net": nets, "ib": hcas}
+
+
+def container_markers() -> dict[str, Any]:
+    """What says this process runs inside a container, and the OS it sees (the image's, inside one)."""
+    found: dict[str, Any] = {k: os.environ[k] for k in CONTAINER_VARIABLES if os.environ.get(k)}
+    found.update({path: "exists" for path in CONTAINER_FILES if os.path.exists(path)})
+    try:
+        release = Path("/etc/os-release").read_text()
+        found["os"] = next((line.split("=", 1)[1].strip('"') for line in release.splitlines()
+                            if line.startswith("PRETTY_NAME=")), "?")
+    except OSError:
+        found["os"] = "?"
+    return found
+
+
+def reported_lines(text: str) -> list[str]:
+    """The lines in which the MPI named the transport it picked (each once, at most MAX_REPORTED_LINES)."""
+    found: list[str] = []
+    for line in text.splitlines():
+        for pattern in REPORTED_PATTERNS:
+            match = pattern.search(line)
+            if match and match.group(0).strip() not in found:
+                found.append(match.group(0).strip())
+    return found[:MAX_REPORTED_LINES]
+
+
+class CapturedOutput:
+    """File descriptors 1 and 2 of this process sent to ``path`` (a temporary file without one) while the MPI starts
+    and talks: MPI libraries print their transport choice through C stdio, which Python's sys.stdout never sees.
+    On an exception the captured text goes back to stderr, so the job's output still explains the failure."""
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self.path, self.text = path, ""
+
+    def __enter__(self) -> "CapturedOutput":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.file = open(self.path, "w+b") if self.path else tempfile.TemporaryFile()
+        self.saved = (os.dup(1), os.dup(2))
+        os.dup2(self.file.fileno(), 1)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            ctypes.CDLL(None).fflush(None)   # what the MPI printf'ed into C's buffer lands in the file, not later
+        except (OSError, AttributeError):
+            pass
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode(errors="replace")
+        self.file.close()
+        if kind is not None:
+            os.write(2, self.text[-20000:].encode())
 
 
 def _pingpong(comm: Any, peer: int, me: int, nbytes: int, reps: int) -> float:
@@ -135,14 +224,34 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     import hpcvod
 
     record["hpcvod"] = {"file": hpcvod.__file__, "version": getattr(hpcvod, "__version__", "?")}
+    record["interfaces"] = interfaces()
+    record["interface_settings"] = {k: os.environ[k] for k in INTERFACE_VARIABLES if k in os.environ}
+    record["container"] = container_markers()
     import hpcvod.runtime as hvd
 
+    for key, value in REPORTING_VARIABLES.items():   # before MPI_Init, where the libraries read them
+        os.environ.setdefault(key, value)
+    out = request.get("out_dir") or os.environ.get("HPCVOD_JOB_DIR")
+    records = Path(out, RECORDS_DIR) if out else None
+    capture = CapturedOutput(records / f"{launcher_rank() or 0}.mpi.log"
+                             if records is not None and records.is_dir() else None)
+    with capture:
+        started = _start_and_measure(hvd, request, record, out)
+    if "transport" in record:
+        record["transport"]["reported"] = reported_lines(capture.text)
+    if started:
+        hvd.shutdown()
+    return record
+
+
+def _start_and_measure(hvd: Any, request: dict[str, Any], record: dict[str, Any], out: Optional[str]) -> bool:
+    """hvd.init() (its error kept as evidence: False), the world as this rank sees it, and the link measurements."""
     try:
         hvd.init()
     except Exception as err:  # the evidence the check needs (flavour mismatch, world size), not a crash
         record["init_error"] = f"{type(err).__name__}: {err}"
         record["init_traceback"] = traceback.format_exc()[-2000:]
-        return record
+        return False
     from mpi4py import MPI
 
     record.update(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
@@ -173,11 +282,9 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
             }
             if hvd.rank() == 0:
                 record["links"] = links
-                out = request.get("out_dir") or os.environ.get("HPCVOD_JOB_DIR")
                 if out:
                     Path(out, LINKS_FILE).write_text(json.dumps(links, indent=2) + "\n")
         hvd.barrier()
     finally:
         comm.Free()
-    hvd.shutdown()
-    return record
+    return True

@@ -237,11 +237,105 @@ def test_a_profile_saying_infiniband_with_mpi_on_tcp_fails(sandbox) -> None:
              for r in range(4)]
     request = sitecheck.Request(nodes=2, tasks_per_node=2)
     assert statuses(sitecheck._interconnect_checks(sandbox, request, ranks)) == {
-        "interconnect.mpi_transport": "pass", "interconnect.nccl": "skip"}
-    ib = dataclasses.replace(sandbox, profile=dataclasses.replace(
-        sandbox.profile, interconnect=dataclasses.replace(sandbox.profile.interconnect, kind="infiniband")))
+        "interconnect.mpi_transport": "pass", "interconnect.nccl": "skip", "interconnect.interfaces": "skip"}
+    ib = infiniband(sandbox)
     check = sitecheck._interconnect_checks(ib, request, ranks)[0]
     assert check.status == "fail" and "says infiniband but FI_PROVIDER=tcp" in check.evidence
+    assert "source: the MPI's settings; it printed no line" in check.evidence
+
+
+def infiniband(site):
+    import dataclasses
+
+    return dataclasses.replace(site, profile=dataclasses.replace(
+        site.profile, interconnect=dataclasses.replace(site.profile.interconnect, kind="infiniband")))
+
+
+# the lines each wheel printed on this machine (MPICH OFI netmod, Intel MPI, UCX, Open MPI ob1), and their readings
+OFI_TCP = "libfabric provider: tcp - 10.251.0.0/24"
+UCX_IB = "ucp_context_0 inter-node cfg#2 tag(rc_mlx5/mlx5_0:1 sysv/memory)  rma(rc_mlx5/mlx5_0:1)"
+UCX_INTRA = "ucp_context_0 intra-node cfg#1 tag(sysv/memory cma/memory)  rma(sysv/memory posix/memory)"
+BTL_TCP = "mca: bml: Using tcp btl for send to [[6397,1],2] on node n2"
+BTL_SM = "mca: bml: Using sm btl for send to [[6397,1],1] on node n1"
+
+
+@pytest.mark.parametrize("name, cls", [("tcp", "tcp"), ("tcp;ofi_rxm", "tcp"), ("verbs;ofi_rxm", "rdma"),
+                                       ("mlx", "rdma"), ("psm3", "rdma"), ("rc_mlx5/mlx5_0:1", "rdma"),
+                                       ("tcp/eth0", "tcp"), ("sysv/memory", "shared memory"), ("sm", "shared memory"),
+                                       ("uct", None), ("cuda_ipc/cuda", None)])
+def test_transport_names_classified(name, cls) -> None:
+    assert sitecheck.transport_class(name) == cls
+
+
+def test_the_mpis_own_report_decides_the_transport_and_is_quoted(sandbox) -> None:
+    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+
+    def ranks(lines, settings=None):
+        return [record(r, "n1" if r < 2 else "n2", transport={"settings": settings or {}, "device": None,
+                                                              "reported": lines if r == 0 else []})
+                for r in range(4)]
+    ib = infiniband(sandbox)
+    # no setting says TCP, but the MPI did: the fail quotes its line
+    check = sitecheck._interconnect_checks(ib, request, ranks([OFI_TCP]))[0]
+    assert check.status == "fail"
+    assert f"says infiniband but the MPI reported TCP for traffic between nodes: '{OFI_TCP}'" in check.evidence
+    assert "source: the MPI's own report" in check.evidence
+    # Open MPI's btl to a rank on the other node is TCP: fail; to a rank on the same node (sm): not evidence
+    assert sitecheck._interconnect_checks(ib, request, ranks([BTL_SM, BTL_TCP]))[0].status == "fail"
+    assert sitecheck.mpi_reported(ranks([BTL_SM])) == []
+    # a setting that says TCP loses against the MPI's own report of RDMA
+    good = sitecheck._interconnect_checks(ib, request, ranks([UCX_INTRA, UCX_IB], {"FI_PROVIDER": "tcp"}))[0]
+    assert good.status == "pass" and "between nodes: rdma" in good.evidence and "rc_mlx5" in good.evidence
+    # ethernet profile: TCP reported is what it promised
+    assert sitecheck._interconnect_checks(sandbox, request, ranks([OFI_TCP]))[0].status == "pass"
+
+
+@pytest.mark.parametrize("variable, value, missing", [
+    ("NCCL_SOCKET_IFNAME", "ib0", ["ib0"]),
+    ("NCCL_SOCKET_IFNAME", "eth", []),              # NCCL matches by prefix
+    ("NCCL_SOCKET_IFNAME", "=eth", ["eth"]),        # = asks for the exact name
+    ("NCCL_SOCKET_IFNAME", "ib,eth0", []),
+    ("NCCL_SOCKET_IFNAME", "^lo,docker", []),       # an exclusion list never fails
+    ("NCCL_IB_HCA", "mlx5_0:1", ["mlx5_0"]),
+    ("FI_TCP_IFACE", "eth0", []),
+    ("FI_TCP_IFACE", "eth1", ["eth1"]),
+    ("OMPI_MCA_btl_tcp_if_include", "eth0,10.0.0.0/8,ens1", ["ens1"]),
+    ("UCX_NET_DEVICES", "mlx5_0:1,eth0", ["mlx5_0:1"]),
+    ("UCX_NET_DEVICES", "all", []),
+])
+def test_missing_interfaces(variable, value, missing) -> None:
+    assert sitecheck.missing_interfaces(variable, value, {"net": ["eth0", "lo"], "ib": []}) == missing
+
+
+def test_a_socket_ifname_missing_on_a_node_fails_naming_it_and_the_node(sandbox) -> None:
+    def ranks(n2_nets):
+        return [record(r, "n1" if r < 2 else "n2", interface_settings={"NCCL_SOCKET_IFNAME": "ib0"},
+                       interfaces={"net": ["eth0", "ib0", "lo"] if r < 2 else n2_nets, "ib": []}) for r in range(4)]
+    check = sitecheck._interfaces_check(sandbox, ranks(["eth0", "lo"]))
+    assert check.status == "fail"
+    assert check.evidence == ("NCCL_SOCKET_IFNAME=ib0 (interconnect.socket_ifname): no ib0 on n2 (n2 has "
+                              "interfaces: eth0, lo)")
+    ok = sitecheck._interfaces_check(sandbox, ranks(["eth0", "ib0"]))
+    assert ok.status == "pass" and "present on n1, n2" in ok.evidence
+
+
+def test_container_check(sandbox) -> None:
+    import dataclasses
+
+    assert sitecheck._container_check(sandbox, [record(0, "n1")]).status == "skip"
+
+    def with_container(runtime):
+        return dataclasses.replace(sandbox, profile=dataclasses.replace(sandbox.profile, container=dataclasses.replace(
+            sandbox.profile.container, runtime=runtime, image="/images/train.sif")))
+    site = with_container("apptainer")
+    inside = [record(r, "n1", container={"APPTAINER_CONTAINER": "/images/train.sif", "os": "Ubuntu 22.04"})
+              for r in range(2)]
+    check = sitecheck._container_check(site, inside)
+    assert check.status == "pass" and "/images/train.sif (Ubuntu 22.04)" in check.evidence
+    outside = [record(1, "n2", container={"/.dockerenv": "exists", "os": "Debian"})]
+    check = sitecheck._container_check(site, inside + outside)
+    assert check.status == "fail" and "n2 rank 1" in check.evidence
+    assert sitecheck._container_check(with_container("pyxis"), inside).status == "warn"
 
 
 def test_alpha_beta_projection() -> None:
