@@ -52,6 +52,10 @@ def test_main_profile_passes_keeps_report_and_plot_and_compares_with_the_last_on
                  "links.inter_node", "links.allreduce"):
         assert got[name] == "pass", (name, report["checks"])
     assert "2 node(s): n1, n2" in evidence(report, "world.nodes")
+    # read from the MPI's own report (MPICH's OFI netmod), the settings quoted beside it
+    assert "between nodes: tcp, as the MPI reported: 'libfabric provider: tcp" in evidence(
+        report, "interconnect.mpi_transport")
+    assert got["interconnect.interfaces"] == got["env.container"] == "skip"
     assert got["interconnect.nccl"] == "skip"
     assert got["links.vs_previous"] == "warn" and "inter_node.gbps 1000.00 ->" in evidence(report, "links.vs_previous")
     job_dir = Path(report["job_dir"])
@@ -60,6 +64,7 @@ def test_main_profile_passes_keeps_report_and_plot_and_compares_with_the_last_on
     assert links["nodes"] == 2 and links["world_size"] == 4
     assert [p["bytes"] for p in links["allreduce"]][-1] == 4 << 20
     assert all(p["bus_gbps"] > 0 for p in links["allreduce"])
+    assert "libfabric provider: tcp" in (job_dir / "sitecheck" / "0.mpi.log").read_text()
     width, height, _ = decode_png((job_dir / "bandwidth.png").read_bytes())
     assert width > 100 and height > 100
     md = (job_dir / "report.md").read_text()
@@ -78,9 +83,9 @@ def test_every_other_sandbox_profile_passes(slurm_cluster: Cluster, tmp_path: Pa
     assert statuses(report)["world.size"] == "pass"
 
 
-def broken(tmp_path: Path, body: str) -> Path:
+def broken(tmp_path: Path, body: str, base: Path = SANDBOX) -> Path:
     path = tmp_path / "broken.yaml"
-    path.write_text(f"extends: {SANDBOX}\ndescription: a broken copy of slurm-sandbox\n{body}")
+    path.write_text(f"extends: {base}\ndescription: a broken copy of {base.stem}\n{body}")
     return path
 
 
@@ -114,12 +119,32 @@ def test_setup_or_module_line_that_fails_is_named(slurm_cluster: Cluster, tmp_pa
     assert said in evidence(report, "env.setup").split("last output:")[1]
 
 
-def test_a_profile_saying_infiniband_while_mpi_uses_tcp_fails(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    status, report = check(tmp_path, broken(tmp_path, "interconnect:\n  kind: infiniband\n"))
+def test_a_profile_saying_infiniband_while_the_mpi_reports_tcp_fails(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    # Intel MPI on the sandbox: no setting names a transport; the library itself picks libfabric's tcp provider
+    flavour = flavours()["impi"]
+    require_flavour(flavour)
+    base = SANDBOX.with_name("slurm-sandbox-intelmpi.yaml")
+    status, report = check(tmp_path, broken(tmp_path, "interconnect:\n  kind: infiniband\n", base=base),
+                           venv=flavour.venv)
     assert status == 1
     assert statuses(report)["world.size"] == "pass"
     assert statuses(report)["interconnect.mpi_transport"] == "fail"
-    assert "says infiniband but FI_PROVIDER=tcp" in evidence(report, "interconnect.mpi_transport")
+    said = evidence(report, "interconnect.mpi_transport")
+    assert "says infiniband but the MPI reported TCP for traffic between nodes: 'libfabric provider: tcp'" in said
+    assert "settings: no transport variables set" in said
+
+
+def test_a_socket_ifname_that_no_node_has_fails_naming_it_and_the_nodes(slurm_cluster: Cluster,
+                                                                          tmp_path: Path) -> None:
+    status, report = check(tmp_path, broken(tmp_path, "interconnect:\n  kind: ethernet\n  socket_ifname: ib0\n"))
+    assert status == 1
+    got = statuses(report)
+    assert got["world.size"] == got["interconnect.mpi_transport"] == "pass"   # NCCL's setting: MPI runs anyway
+    assert got["interconnect.interfaces"] == "fail"
+    said = evidence(report, "interconnect.interfaces")
+    assert said.startswith("NCCL_SOCKET_IFNAME=ib0 (interconnect.socket_ifname): no ib0 on n1, n2 (n1 has "
+                           "interfaces: "), said
+    assert "eth0" in said.split("n1 has interfaces:")[1] or "lo" in said.split("n1 has interfaces:")[1]
 
 
 def test_a_job_that_does_not_end_within_timeout_is_cancelled_and_fails(slurm_cluster: Cluster,
