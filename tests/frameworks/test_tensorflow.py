@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
-from frameworks_helpers import assert_check, assert_same_checks, require_framework, run_checks
+from frameworks_helpers import (
+    ROOT, WORKERS, assert_check, assert_same_checks, launch, require_framework, run_checks,
+)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
 
@@ -39,3 +42,14 @@ def test_tensorflow_check(report: dict[str, Any], name: str) -> None:
 
 def test_tensorflow_worker_ran_every_check_and_exited_cleanly(report: dict[str, Any]) -> None:
     assert_same_checks(report, CHECKS)
+
+
+def test_tensorflow_gpu_branch_on_the_cpu_stand_in() -> None:
+    """The GPU branch of hpcvod.tensorflow (DLPack in and out, bfloat16 as tagged words, out-of-place forms) on 2
+    ranks, with the CPU stand-in for CuPy and NCCL (tests/runtime/cpu_cupy): plumbing only; CUDA needs a GPU."""
+    require_framework("tensorflow")
+    stand_in = ROOT / "tests" / "runtime" / "cpu_cupy"
+    run = launch(2, WORKERS / "tf_device_glue.py", timeout=240,
+                 env={"PYTHONPATH": f"{stand_in}{os.pathsep}{ROOT}"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    assert run.stdout.count("TF DEVICE GLUE OK 13") == 2, run.stdout[-3000:] + run.stderr[-3000:]

@@ -10,11 +10,16 @@ import tensorflow as tf
 
 import hpcvod.runtime as rt
 from hpcvod.frameworks._common import pack_aligned
-from hpcvod.frameworks.tensorflow.mpi_ops import _not_converted, _numpy_in, _run, _tensor_out, global_process_set
+from hpcvod.frameworks.tensorflow.mpi_ops import (
+    _device_in, _not_converted, _numpy_in, _on_gpu, _run, _tensor_out, global_process_set,
+)
 
 
 def _eager_broadcast_group(values: Sequence[tf.Tensor], root_rank: int, ps: Any) -> list[tf.Tensor]:
-    """One in-place broadcast per dtype over a packed buffer of every value."""
+    """One in-place broadcast per dtype over a packed buffer of every value; GPU values broadcast on the device."""
+    if all(_on_gpu(v) and v.shape.num_elements() for v in values):
+        handles = [rt.broadcast_async(_device_in(v), root_rank, process_set=ps) for v in values]
+        return [_tensor_out(rt.synchronize(h), v.dtype) for h, v in zip(handles, values)]
     arrays = [_numpy_in(v) for v in values]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):

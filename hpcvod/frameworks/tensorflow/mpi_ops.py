@@ -3,7 +3,9 @@
 Eager tensors reach the runtime through DLPack: a read-only NumPy view of the tensor's own memory (``.numpy()``
 would copy, and is slow for large tensors). Results leave through DLPack too, from 64-byte-aligned NumPy buffers
 (TensorFlow aborts on less-aligned ones), so a reduction costs one copy into such a buffer, an in-place MPI call,
-and no copy out. Inside a graph each op is a ``tf.py_function`` around the same eager code (``tf.function``'s
+and no copy out. GPU tensors (with CuPy installed) go to the runtime as they are, through DLPack, run on NCCL
+(runtime/nccl.py) out of place and come back as GPU tensors: no host copy; bfloat16 ones as their int16 words
+(``Bfloat16Words``), reduced by NCCL as bfloat16. Inside a graph each op is a ``tf.py_function`` around the same eager code (``tf.function``'s
 automatic control dependencies keep these stateful ops in program order, the same on every rank), wrapped in
 ``tf.custom_gradient`` so that allreduce, allgather, broadcast, alltoall and reducescatter are differentiable.
 XLA cannot compile Python ops: compile Keras models with ``jit_compile=False`` (the default on CPU).
@@ -22,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 import hpcvod.runtime as rt
+from hpcvod.runtime import gpu
 from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError
 from hpcvod.frameworks._common import (
     aligned_empty, is_aligned, numpy_view_of_capsule, pack_aligned, resolve_op, set_rank_size,
@@ -37,11 +40,27 @@ try:
 except ImportError:  # private module moved: treat every graph as a TF1 graph (chained; still correct)
     _FuncGraph = ()
 
-# dtypes NumPy cannot reduce natively travel as float32
+# dtypes NumPy cannot reduce natively travel as float32 (on the host; GPU tensors keep bfloat16, see _widen)
 _WIDENED = {tf.bfloat16: tf.float32}
 
 
 # ---------------------------------------------------------------------------------------------- tensor <-> NumPy
+def _on_gpu(t: Any) -> bool:
+    """A GPU tensor the runtime takes as it is (DLPack to CuPy, collectives on NCCL): needs CuPy here."""
+    return "GPU" in getattr(t, "device", "") and gpu.probe()[0] is not None
+
+
+def _device_in(t: tf.Tensor) -> Any:
+    """A GPU tensor for the runtime, no copy: itself (DLPack), or a bfloat16 one's int16 words, tagged."""
+    return gpu.Bfloat16Words(tf.bitcast(t, tf.int16)) if t.dtype == tf.bfloat16 else t
+
+
+def _runtime_in(tensor: Any) -> Any:
+    """What a collective that does not write into its input gets: a GPU tensor as it is, else a NumPy view."""
+    t = tf.convert_to_tensor(tensor)
+    return _device_in(t) if t.shape.num_elements() and _on_gpu(t) else _numpy_in(t)
+
+
 def _numpy_in(tensor: Any) -> np.ndarray:
     """A (read-only) NumPy view of an eager tensor's memory; a copy only where DLPack cannot export it."""
     t = tf.convert_to_tensor(tensor)
@@ -53,8 +72,12 @@ def _numpy_in(tensor: Any) -> np.ndarray:
     return np.asarray(t.numpy())
 
 
-def _tensor_out(array: np.ndarray) -> tf.Tensor:
-    """An eager tensor over ``array``'s memory (copied first into an aligned buffer if it is not aligned)."""
+def _tensor_out(array: Any, dtype: tf.DType | None = None) -> tf.Tensor:
+    """An eager tensor over ``array``'s memory (copied first into an aligned buffer if it is not aligned); a CuPy
+    result of the device path stays on the GPU (int16 words of a ``dtype`` bfloat16 input become bfloat16)."""
+    if array.__class__ is not np.ndarray and gpu.is_device_buffer(array):
+        out = tf.experimental.dlpack.from_dlpack(array.toDlpack())
+        return tf.bitcast(out, tf.bfloat16) if dtype == tf.bfloat16 and out.dtype == tf.int16 else out
     if array.size:
         if not (is_aligned(array) and array.flags.writeable):
             aligned = aligned_empty(array.shape, array.dtype)
@@ -206,8 +229,12 @@ def _graph_name(kind: str, tensors: Sequence[Any], name: str | None) -> str | No
 
 
 def _widen(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
+    """bfloat16 as float32 for the host path; an eager GPU tensor stays bfloat16 (NCCL reduces it natively). A
+    graph tensor's device is unknown when the graph is built: it is widened by a cast on its own device."""
     wide = _WIDENED.get(tensor.dtype)
-    return (tf.cast(tensor, wide), tensor.dtype) if wide is not None else (tensor, None)
+    if wide is None or (tf.executing_eagerly() and _on_gpu(tensor)):
+        return tensor, None
+    return tf.cast(tensor, wide), tensor.dtype
 
 
 def _narrow(tensor: tf.Tensor, dtype: tf.DType | None) -> tf.Tensor:
@@ -216,6 +243,9 @@ def _narrow(tensor: tf.Tensor, dtype: tf.DType | None) -> tf.Tensor:
 
 # ---------------------------------------------------------------------------------------------- eager bodies
 def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
+    if _on_gpu(t) and t.shape.num_elements():
+        return _tensor_out(rt.allreduce(_device_in(t), name=name, op=op, prescale_factor=pre,
+                                        postscale_factor=post, process_set=ps), t.dtype)
     buf = _aligned_copy(t)
     rt.allreduce_(buf, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
     return _tensor_out(buf)
@@ -223,7 +253,12 @@ def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: 
 
 def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
                              ps: Any) -> list[tf.Tensor]:
-    """One in-place allreduce per dtype over a packed aligned buffer; results are views of it."""
+    """One in-place allreduce per dtype over a packed aligned buffer; results are views of it. GPU tensors: one
+    grouped allreduce on the device (the runtime fuses it)."""
+    if all(_on_gpu(t) and t.shape.num_elements() for t in tensors):
+        outs = rt.grouped_allreduce([_device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=ps)
+        return [_tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
     arrays = [_numpy_in(t) for t in tensors]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
@@ -240,31 +275,34 @@ def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op:
 
 
 def _eager_allgather(t: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
-    return _tensor_out(rt.allgather(_numpy_in(t), name=name, process_set=ps))
+    return _tensor_out(rt.allgather(_runtime_in(t), name=name, process_set=ps), t.dtype)
 
 
 def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
+    if _on_gpu(t) and t.shape.num_elements():
+        return _tensor_out(rt.broadcast(_device_in(t), root_rank, name=name, process_set=ps), t.dtype)
     buf = _aligned_copy(t)
     rt.broadcast_(buf, root_rank, name=name, process_set=ps)
     return _tensor_out(buf)
 
 
 def _eager_alltoall(t: tf.Tensor, splits: Any, name: str | None, ps: Any) -> list[tf.Tensor]:
-    array = _numpy_in(t)
+    array = _runtime_in(t)
     size = set_rank_size(ps)[1]
-    if splits is None and array.ndim and len(array) % size == 0:
+    rows = t.shape[0] if t.shape.rank else None
+    if splits is None and rows is not None and rows % size == 0:
         # equal parts, as explicit splits: the runtime then also says how many rows came from each rank (ranks
         # may send different numbers of rows; the gradient sends them back with these)
-        splits = np.full(size, len(array) // size, dtype=np.int32)
+        splits = np.full(size, rows // size, dtype=np.int32)
     splits_array = None if splits is None else np.asarray(_numpy_in(splits), dtype=np.int32)
     output, received = rt.alltoall(array, splits=splits_array, name=name, process_set=ps)
-    return [_tensor_out(output), tf.constant(np.asarray(received, dtype=np.int32))]
+    return [_tensor_out(output, t.dtype), tf.constant(np.asarray(received, dtype=np.int32))]
 
 
 def _eager_reducescatter(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
-    out = rt.reducescatter(_numpy_in(t), name=name, op=op, prescale_factor=pre, postscale_factor=post,
+    out = rt.reducescatter(_runtime_in(t), name=name, op=op, prescale_factor=pre, postscale_factor=post,
                            process_set=ps)
-    return _tensor_out(out)
+    return _tensor_out(out, t.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- differentiable ops
@@ -399,7 +437,8 @@ def _grouped(kind: str, eager_group: Callable[..., list[np.ndarray]], grad_one: 
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
         label = _graph_name(kind, [xs[0], xs[-1]], name)
-        ys = _run(lambda *ts: [_tensor_out(a) for a in eager_group([_numpy_in(t) for t in ts], label)], list(xs),
+        ys = _run(lambda *ts: [_tensor_out(a, t.dtype) for a, t in zip(eager_group([_runtime_in(t) for t in ts],
+                                                                                  label), ts)], list(xs),
                   [x.dtype for x in xs], label)
         for y, x in zip(ys, xs):
             y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))

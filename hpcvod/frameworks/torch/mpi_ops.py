@@ -3,7 +3,8 @@
 Contiguous CPU tensors reach the runtime as NumPy views of their own memory (``Tensor.numpy()`` shares storage), so
 in-place forms write straight into the tensor and out-of-place results come back through ``torch.from_numpy``
 without a copy. Other tensors (non-contiguous, bfloat16, which NumPy lacks, or on another device) go through one
-contiguous CPU staging copy each way. The blocking ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and
+contiguous CPU staging copy each way; contiguous CUDA tensors go to the runtime as they are (bfloat16 ones as their
+int16 words in ``Bfloat16Words``) and run on NCCL. The blocking ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and
 ``reducescatter`` are autograd functions: their backward pass is the matching collective on the gradient.
 """
 
@@ -33,8 +34,10 @@ def _as_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
     if t.device.type == "cpu" and t.dtype != torch.bfloat16 and t.is_contiguous() and not t.is_conj() \
             and not t.is_neg():
         return t.numpy(), None
-    if t.device.type == "cuda" and t.dtype != torch.bfloat16 and t.is_contiguous() and _device_path():
-        return t, None   # the runtime takes it through DLPack (no copy) and runs it on NCCL (runtime/nccl.py)
+    if t.device.type == "cuda" and t.is_contiguous() and _device_path():
+        # the runtime takes it through DLPack (no copy) and runs it on NCCL (runtime/nccl.py); DLPack consumers
+        # have no bfloat16: its words go, tagged, and NCCL reduces them as bfloat16
+        return (gpu.Bfloat16Words(t.view(torch.int16)) if t.dtype == torch.bfloat16 else t), None
     staged = t.to(device="cpu", dtype=torch.float32 if t.dtype == torch.bfloat16 else t.dtype,
                   memory_format=torch.contiguous_format, copy=True).resolve_conj().resolve_neg()
     return staged.numpy(), staged
@@ -51,6 +54,8 @@ def _to_torch(array: Any, like: torch.Tensor) -> torch.Tensor:
         out = torch.from_numpy(np.ascontiguousarray(array))
     else:                               # a CuPy array from the device path
         out = torch.from_dlpack(array)
+        if like.dtype == torch.bfloat16 and out.dtype == torch.int16:
+            out = out.view(torch.bfloat16)  # the words of a bfloat16 result
     if out.dtype != like.dtype or out.device != like.device:
         out = out.to(device=like.device, dtype=like.dtype)
     return out

@@ -158,6 +158,13 @@ if "--torch" in sys.argv:
     thvd.allreduce_(t, op=thvd.Sum, name="torch.inplace")
     assert t.data_ptr() == ptr
     same("torch allreduce_", cp.asarray(t), np.full(100, ranks_sum))
+    tb = torch.full((64,), float(rank + 1), device="cuda", dtype=torch.bfloat16)   # NCCL's bfloat16, in place
+    ptr = tb.data_ptr()
+    thvd.allreduce_(tb, op=thvd.Sum, name="torch.bf16")
+    assert tb.dtype == torch.bfloat16 and tb.data_ptr() == ptr, (tb.dtype, tb.data_ptr(), ptr)
+    same("torch bf16 allreduce_", cp.asarray(tb.float()), np.full(64, ranks_sum))
+    same("torch bf16 allgather", cp.asarray(thvd.allgather(tb[None, :4], name="torch.bf16.ag").float()),
+         np.full((size, 4), ranks_sum))
     torch.manual_seed(rank)                       # different initial weights on purpose
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
     thvd.broadcast_parameters(model.state_dict(), root_rank=0)

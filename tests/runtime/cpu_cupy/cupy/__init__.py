@@ -34,6 +34,15 @@ class ndarray(_np.ndarray):
     def get(self) -> _np.ndarray:
         return _np.array(_np.asarray(self))
 
+    def toDlpack(self) -> Any:
+        """A DLPack capsule of a copy in a 256-byte-aligned block (CuPy's allocations are; TensorFlow needs 64).
+        It says CPU: the consumer is a CPU framework standing in for its GPU build."""
+        raw = _np.empty(self.nbytes + 256, _np.uint8)
+        start = -raw.ctypes.data % 256
+        aligned = raw[start:start + self.nbytes].view(self.dtype).reshape(self.shape)
+        _np.copyto(aligned, _np.asarray(self))
+        return aligned.__dlpack__()
+
 
 def _wrap(x: Any) -> Any:
     if isinstance(x, _np.ndarray) and not isinstance(x, ndarray):
@@ -52,9 +61,12 @@ def asnumpy(x: Any) -> _np.ndarray:
 
 
 def from_dlpack(x: Any) -> ndarray:
+    """Its own arrays as they are; another framework's CPU tensor (standing in for a GPU one) as a view."""
     if isinstance(x, ndarray):
         return x
-    raise TypeError("the CPU stand-in only views its own arrays")
+    if hasattr(x, "__dlpack__"):
+        return _np.from_dlpack(x).view(ndarray)
+    raise TypeError("the CPU stand-in only views its own arrays and DLPack exporters")
 
 
 def __getattr__(name: str) -> Any:
