@@ -61,7 +61,8 @@ try:
     nccl_text = f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
     if gpus > 0:   # what runtime/nccl.py runs on the device when every rank has its own GPU
         nccl_text += ("; on NCCL: allreduce, allgather, broadcast, alltoall, reducescatter (and grouped forms); "
-                      "bfloat16 staged through host memory")
+                      + ("bfloat16 natively (ncclBfloat16)" if version >= 21000 else
+                         "bfloat16 needs NCCL >= 2.10: use HPCVOD_GPU_OPERATIONS=mpi"))
 except Exception as err:
     nccl_text = "NCCL unavailable (" + str(err).splitlines()[0][:60] + ")"
 out = {"ok": gpus > 0, "text": f"cupy {cupy.__version__}; {cuda_text}; {gpus} GPU(s)"
