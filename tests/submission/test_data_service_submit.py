@@ -151,3 +151,26 @@ def test_the_contract_variable_cannot_be_overridden(cli, tmp_path: Path) -> None
     code, _, err = cli("submit", "--site", "slurm-sandbox", "--env", "HPCVOD_DATA_SERVICE_CONFIG=/x",
                        "--data-service-nodes", "1", "--dry-run", "train.py")
     assert code == 2 and "--env HPCVOD_DATA_SERVICE_CONFIG: set by hpcvod itself" in err
+
+
+@pytest.mark.mpi
+@pytest.mark.frameworks
+@pytest.mark.timeout(180)
+def test_local_site_runs_the_compute_job_and_the_training_here(tmp_path: Path) -> None:
+    """The local site has no scheduler: the script starts both launches on this machine and ends the compute job
+    after the training."""
+    import json
+
+    from submission_helpers import clean_env, hpcvod
+
+    pytest.importorskip("tensorflow")
+    worker = Path(__file__).resolve().parents[1] / "cluster" / "workers" / "tf_data_service_train.py"
+    (tmp_path / "train.py").write_text(worker.read_text())
+    done = hpcvod("submit", "--site", "local", "--tasks-per-node", "2", "--data-service-nodes", "1", "--wait",
+                  "train.py", "seen.json", cwd=tmp_path, env=clean_env(tmp_path), timeout=170)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = json.loads((tmp_path / "seen.json").read_text())
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == [3 * i for i in range(300)]
+    job_dir = next((tmp_path / "hpcvod-jobs").iterdir())
+    assert "Shut down WorkerServer" in (job_dir / "data-service.log").read_text()
+    assert (job_dir / "exitcode").read_text().strip() == "0"
