@@ -155,8 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--output-dir", metavar="DIR", help="where the job folder goes (default: $HPCVOD_JOBS_DIR's "
                    "first entry, then ./hpcvod-jobs); earlier reports there are compared")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
-    q.add_argument("--model-mib", default="100", metavar="MIB[,MIB...]",
-                   help="gradient sizes for the projected allreduce time and scaling (default 100)")
+    q.add_argument("--model-mib", metavar="MIB[,MIB...]",
+                   help="gradient sizes for the projected allreduce time and scaling (default 100 without --model)")
+    q.add_argument("--model", metavar="PATH", help="a saved torch state_dict, checkpoint or TorchScript file whose "
+                   "parameters give one more gradient size (needs torch in this Python)")
+    q.add_argument("--overlap", type=float, default=0.0, metavar="FRACTION",
+                   help="share of the allreduce hidden behind the backward pass in the projected efficiency "
+                   "(default 0: none, a lower bound)")
     q.add_argument("--step-ms", type=float, default=100.0, metavar="MS",
                    help="compute time of one training step for the projected efficiency (default 100)")
     q.add_argument("--timeout", type=float, metavar="SECONDS",

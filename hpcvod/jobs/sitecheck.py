@@ -53,6 +53,8 @@ class Request:
     step_ms: float = 100.0
     max_nodes: int = 2
     timeout: Optional[float] = None   # seconds from submission to the job's end; then it is cancelled
+    overlap: float = 0.0              # share of the allreduce hidden behind computation in the projection
+    model: Optional[str] = None       # --model: the torch file whose parameters gave a gradient size
 
     @property
     def world_size(self) -> int:
@@ -91,6 +93,64 @@ def parse_model_mib(text: str) -> tuple[float, ...]:
     if not sizes or not all(0 < s < float("inf") for s in sizes):
         raise UserError(f"--model-mib {text!r}: expected sizes in MiB separated by commas, e.g. 100,500")
     return sizes
+
+
+STATE_KEYS = ("state_dict", "model_state_dict", "model")   # where checkpoints usually keep the model's tensors
+
+
+def model_gradient_mib(path: str) -> tuple[float, int]:
+    """``--model PATH``: (MiB, parameters) of the floating-point tensors of a saved torch model, the gradient an
+    allreduce carries each step. Reads a state_dict (``torch.save(model.state_dict())``), a checkpoint dict holding
+    one under state_dict/model_state_dict/model, or a TorchScript file; never unpickles a whole module (that runs
+    its code). torch is imported here only: the rest of the submission side does not need it."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--model {path}: no such file")
+    try:
+        import torch
+    except ImportError:
+        raise UserError(f"--model {path}: reading a torch model needs torch in this Python; give its size with "
+                        f"--model-mib instead") from None
+    tensors = _torchscript_parameters(torch, file)
+    if tensors is None:
+        try:
+            data = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # a pickled module (weights_only refuses its classes) or not a torch file at all
+            unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+            what = (f"a pickled {unsafe.group(1)}, which this check does not unpickle (it would run its code); "
+                    f"save model.state_dict() or a TorchScript file instead" if unsafe
+                    else f"not a torch file ({type(err).__name__})")
+            raise UserError(f"--model {path}: {what}") from None
+        tensors = _state_tensors(torch, data, path)
+    floats = [t for t in tensors if t.is_floating_point()]
+    if not floats:
+        raise UserError(f"--model {path}: no floating-point tensors in it (expected a model's parameters)")
+    nbytes = sum(t.numel() * t.element_size() for t in floats)
+    return nbytes / MIB, sum(t.numel() for t in floats)
+
+
+def _torchscript_parameters(torch: Any, file: Path) -> Optional[list]:
+    """A TorchScript archive's parameters (a zip with a code/ folder), or None for any other file."""
+    import zipfile
+
+    if not zipfile.is_zipfile(file):
+        return None
+    with zipfile.ZipFile(file) as archive:
+        if not any(name.split("/", 1)[-1].startswith("code/") for name in archive.namelist()):
+            return None
+    return list(torch.jit.load(str(file), map_location="cpu").parameters())
+
+
+def _state_tensors(torch: Any, data: Any, path: str) -> list:
+    if isinstance(data, dict) and any(isinstance(v, torch.Tensor) for v in data.values()):
+        return [v for v in data.values() if isinstance(v, torch.Tensor)]
+    for key in STATE_KEYS:
+        inner = data.get(key) if isinstance(data, dict) else None
+        if isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values()):
+            return [v for v in inner.values() if isinstance(v, torch.Tensor)]
+    keys = ", ".join(map(str, list(data)[:8])) if isinstance(data, dict) else type(data).__name__
+    raise UserError(f"--model {path}: no state_dict in it (found {keys}; expected tensors by name, or one of "
+                    f"{', '.join(STATE_KEYS)} holding them)")
 
 
 def expected_env(site: Site) -> dict[str, str]:
@@ -516,11 +576,17 @@ def hierarchical_seconds(nbytes: float, nodes: int, per_node: int, intra: Link, 
     return ring_seconds(nbytes, per_node, intra) + ring_seconds(nbytes, nodes, inter)
 
 
+def efficiency(step_ms: float, allreduce_ms: float, overlap: float = 0.0) -> float:
+    """Scaling efficiency of one step: compute / (compute + the part of the allreduce not hidden behind the
+    backward pass). overlap 0 is the lower bound (nothing hidden)."""
+    return step_ms / (step_ms + (1 - overlap) * allreduce_ms)
+
+
 def projection(figures: dict[str, float], model_mib: list[float], per_node: int, max_nodes: int,
-               step_ms: float) -> list[dict[str, Any]]:
+               step_ms: float, overlap: float = 0.0) -> list[dict[str, Any]]:
     """Per gradient size and node count (1, 2, 4 ... max_nodes): the allreduce time per step of the ring over
-    all ranks and of the hierarchical algorithm, and the scaling efficiency step/(step + allreduce) with no
-    overlap of computation and communication (a lower bound: frameworks overlap some of it)."""
+    all ranks and of the hierarchical algorithm, and the scaling efficiency with ``overlap`` of the allreduce
+    hidden behind computation (0: none, a lower bound: frameworks overlap some of it)."""
     intra, inter = links_model(figures)
     if inter is None:
         return []
@@ -535,8 +601,8 @@ def projection(figures: dict[str, float], model_mib: list[float], per_node: int,
             hier = hierarchical_seconds(nbytes, nodes, per_node, intra, inter)
             rows.append({"nodes": nodes, "ranks": nodes * per_node, "model_mib": mib,
                          "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
-                         "ring_efficiency": step_ms / (step_ms + ring * 1e3),
-                         "hierarchical_efficiency": step_ms / (step_ms + hier * 1e3)})
+                         "ring_efficiency": efficiency(step_ms, ring * 1e3, overlap),
+                         "hierarchical_efficiency": efficiency(step_ms, hier * 1e3, overlap)})
         nodes *= 2
     return rows
 
@@ -564,11 +630,12 @@ def render_model_check(check: Optional[dict[str, Any]]) -> str:
             f"hierarchical model {check['hierarchical_ms']:.1f} ms ({check['hierarchical_error']:+.0%})")
 
 
-def render_projection(rows: list[dict[str, Any]], step_ms: float) -> str:
+def render_projection(rows: list[dict[str, Any]], step_ms: float, overlap: float = 0.0) -> str:
     if not rows:
         return ""
+    hidden = f"{overlap:.0%} of the allreduce hidden behind it" if overlap else "no overlap"
     out = [f"projected allreduce per step (alpha-beta model from the measured links; efficiency = compute / "
-           f"(compute + allreduce), {step_ms:g} ms compute, no overlap)", "",
+           f"(compute + allreduce), {step_ms:g} ms compute, {hidden})", "",
            "| nodes | ranks | gradients MiB | ring ms | ring eff. | hierarchical ms | hierarchical eff. |",
            "|---:|---:|---:|---:|---:|---:|---:|"]
     out += [f"| {r['nodes']} | {r['ranks']} | {r['model_mib']:g} | {r['ring_ms']:.1f} | {r['ring_efficiency']:.0%} | "
@@ -616,7 +683,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{report['request']['nodes']} node(s) x {report['request']['tasks_per_node']} rank(s), finished "
             f"{report['finished']}: **{'FAIL' if report['exit_status'] else 'PASS'}**\n\n" + "\n".join(rows)
             + "\n\n" + render_links(report.get("links")) + plot + "\n\n"
-            + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms))
+            + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms),
+                                report["request"].get("overlap", 0.0))
             + "\n\n" + render_model_check(report.get("model_check")) + "\n")
 
 
@@ -664,7 +732,7 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
         "request": dataclasses.asdict(request), "checks": [dataclasses.asdict(c) for c in checks],
         "figures": link_figures(links) if links else {}, "links": links, "exit_status": exit_status(checks),
         "projection": projection(link_figures(links), list(request.model_mib), request.tasks_per_node,
-                                 request.max_nodes, request.step_ms) if links else [],
+                                 request.max_nodes, request.step_ms, request.overlap) if links else [],
         "model_check": model_check(links, request) if links else None}
     series = plot_series(links)
     if series:
@@ -689,9 +757,18 @@ def check_command(args: Any) -> int:
         raise UserError(f"--step-ms {args.step_ms:g}: expected a time in milliseconds > 0")
     if args.timeout is not None and not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout:g}: expected seconds > 0")
+    if not 0 <= args.overlap < 1:
+        raise UserError(f"--overlap {args.overlap:g}: expected a fraction from 0 to below 1")
+    sizes = parse_model_mib(args.model_mib) if args.model_mib is not None else ()
+    if args.model:
+        mib, parameters = model_gradient_mib(args.model)
+        sizes += (round(mib, 3),)
+        if not args.json:
+            print(f"--model {args.model}: {parameters:,} floating-point parameters, {mib:.1f} MiB of gradients",
+                  file=sys.stderr)
     request = default_request(site, args.nodes, args.gpus_per_node, args.partition, args.quick,
-                              tuple(dict.fromkeys(args.framework)), parse_model_mib(args.model_mib), args.step_ms)
-    request = dataclasses.replace(request, timeout=args.timeout)
+                              tuple(dict.fromkeys(args.framework)), sizes or (100.0,), args.step_ms)
+    request = dataclasses.replace(request, timeout=args.timeout, overlap=args.overlap, model=args.model)
     root = Path(args.output_dir) if args.output_dir else default_roots()[0]
     if not args.json:
         print(f"sites check {site.name}: one job of {request.nodes} node(s) x {request.tasks_per_node} rank(s) "
@@ -706,7 +783,7 @@ def check_command(args: Any) -> int:
         if links:
             print("\n" + links)
         if report.get("projection"):
-            print("\n" + render_projection(report["projection"], request.step_ms))
+            print("\n" + render_projection(report["projection"], request.step_ms, request.overlap))
         if report.get("model_check"):
             print("\n" + render_model_check(report["model_check"]))
         where = f"report in {Path(report['job_dir']) / REPORT_MD}" if report["job_dir"] else "no job submitted"
