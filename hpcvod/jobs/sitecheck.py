@@ -170,15 +170,11 @@ class _TimedOut(Exception):
         self.job_dir, self.job_id = job_dir, job_id
 
 
-def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
-    """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
-    tail). An ordinary job: the profile's template, launcher line, modules and setup."""
-    import io
-
+def prepare_check(site: Site, request: Request) -> Any:
+    """The acceptance job, rendered but not submitted (a ``Prepared``): an ordinary job whose program is the
+    check's worker, so it gets the profile's template, launcher line, modules and setup as a user's job does."""
     from hpcvod.jobs.spec import JobSpec
-    from hpcvod.jobs.submission import cancel_job, job_mpi_check, job_status, prepare, submit_prepared
-    from hpcvod.schedulers.base import TERMINAL
-    from hpcvod.jobs.watch import wait_for
+    from hpcvod.jobs.submission import prepare
     from hpcvod.launchers.host import detect_host
 
     payload = {"env_expect": expected_env(site), "frameworks": list(request.frameworks),
@@ -186,7 +182,33 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
     spec = JobSpec(program=str(WORKER), args=(json.dumps(payload),), nodes=request.nodes,
                    tasks_per_node=request.tasks_per_node, gpus_per_node=request.gpus_per_node or None,
                    partition=request.partition, time="00:15:00", job_name=JOB_NAME)
-    prepared = prepare(spec, site, detect_host(), command=("sites", "check", site.name))
+    return prepare(spec, site, detect_host(), command=("sites", "check", site.name))
+
+
+def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Optional[dict]], str]:
+    """Each rank's record (None where a rank wrote none, or failed) and the end of the job's output, the first
+    failing rank's last error line first."""
+    records: list[Optional[dict]] = []
+    for rank in range(world_size):
+        path = job_dir / RECORDS_DIR / f"{rank}.json"
+        records.append(json.loads(path.read_text()) if path.exists() else None)
+    tail = "\n".join((output.read_text(errors="replace") if output.exists() else "").splitlines()[-15:])
+    failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
+    if failures:
+        tail = failures[0] + "\n" + tail
+    return [None if r is None or "error" in r else r for r in records], tail
+
+
+def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
+    """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
+    tail)."""
+    import io
+
+    from hpcvod.jobs.submission import cancel_job, job_mpi_check, job_status, submit_prepared
+    from hpcvod.schedulers.base import TERMINAL
+    from hpcvod.jobs.watch import wait_for
+
+    prepared = prepare_check(site, request)
     problem, _ = job_mpi_check(prepared.plan)   # submit's own check: this Python would start N one-rank worlds
     if problem:
         raise _Refused(problem)
@@ -204,15 +226,7 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
             raise _TimedOut(ref.job_dir, ref.job_id, f"the job did not end within --timeout {request.timeout:g} s "
                             f"(it was {state}); cancelled")
     state = job_status(ref).state
-    records: list[Optional[dict]] = []
-    for rank in range(request.world_size):
-        path = ref.job_dir / RECORDS_DIR / f"{rank}.json"
-        records.append(json.loads(path.read_text()) if path.exists() else None)
-    tail = "\n".join((ref.output.read_text(errors="replace") if ref.output.exists() else "").splitlines()[-15:])
-    failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
-    if failures:
-        tail = failures[0] + "\n" + tail
-    records = [None if r is None or "error" in r else r for r in records]
+    records, tail = read_records(ref.job_dir, request.world_size, ref.output)
     return ref.job_dir, ref.job_id, records, state, tail
 
 
@@ -720,6 +734,13 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
         (err.job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
         (err.job_dir / REPORT_MD).write_text(render_markdown(report))
         return report
+    return judge(site, request, root, job_dir, job_id, records, state, tail)
+
+
+def judge(site: Site, request: Request, root: Path, job_dir: Path, job_id: str, records: list[Optional[dict]],
+          state: str, tail: str) -> dict[str, Any]:
+    """The checks from the ranks' records, the projection and the plot; report.json/report.md written into the
+    job folder (whatever ran the job: a scheduler, or a test running its script body as PBS would)."""
     links = next((r.get("links") for r in records if r and r.get("links")), None)
     if links is None and (job_dir / LINKS_FILE).exists():
         links = json.loads((job_dir / LINKS_FILE).read_text())
