@@ -93,6 +93,12 @@ def test_pbs_two_chunk_kinds_and_the_node_file_split(golden_workdir: Path) -> No
     assert 'tail -n +5 "$PBS_NODEFILE" > "$HPCVOD_JOB_DIR/hosts.training"' in text
 
 
+def test_docs_show_the_golden_heterogeneous_job(golden_workdir: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "data-service.md").read_text()
+    shown = doc.split("<!-- hetjob:begin -->\n```bash\n", 1)[1].split("```\n<!-- hetjob:end -->", 1)[0]
+    assert shown == rendered("slurm-ib-openmpi"), "docs/data-service.md: copy the golden file into its hetjob block"
+
+
 def test_dry_run_prints_the_heterogeneous_job_and_submits_nothing(cli, tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     code, out, err = cli("submit", "--site", "slurm-sandbox", "--data-service-nodes", "1", "--dry-run", "train.py")
