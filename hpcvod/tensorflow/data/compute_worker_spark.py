@@ -50,8 +50,12 @@ def failure_line(exc: BaseException, tasks: int) -> str:
     ours = re.search(r"DataServiceError: (.*)", text)
     if ours:
         return ours.group(1).strip()
+    if "Python worker exited unexpectedly" in text:
+        return "a barrier task's Python worker died (killed or crashed), so Spark failed the whole stage"
+    aborted = re.search(r"Job aborted due to stage failure: (.*)", text)
     python = re.findall(r"^\w*(?:Error|Exception|Exit)\w*: .*$", text, re.MULTILINE)
-    reason = python[-1] if python else (text.strip().splitlines() or ["(no message)"])[0]
+    reason = (aborted.group(1) if aborted else python[-1] if python
+              else (text.strip().splitlines() or ["(no message)"])[0])
     return f"the Spark compute job failed: {reason[:400]}"
 
 
