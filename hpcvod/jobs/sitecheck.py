@@ -622,18 +622,20 @@ def projection(figures: dict[str, float], model_mib: list[float], per_node: int,
 
 
 def model_check(links: dict[str, Any], request: Request) -> Optional[dict[str, Any]]:
-    """The model against this job's own run: the largest measured allreduce next to what both algorithms
-    predict for it from the measured links (error = model / measured - 1)."""
+    """The model against this job's own run: each measured allreduce size next to what both algorithms predict
+    for it from the measured links (error = model / measured - 1); the largest size's figures at the top."""
     intra, inter = links_model(link_figures(links))
     if not links.get("allreduce") or (inter is None and intra is None):
         return None
-    point = links["allreduce"][-1]
     nodes, per_node = request.nodes, request.tasks_per_node
-    ring = ring_seconds(point["bytes"], nodes * per_node, inter if nodes > 1 and inter else intra or inter)
-    hier = hierarchical_seconds(point["bytes"], nodes, per_node, intra or inter, inter or intra)
-    return {"bytes": point["bytes"], "ranks": nodes * per_node, "measured_ms": point["seconds"] * 1e3,
-            "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
-            "ring_error": ring / point["seconds"] - 1, "hierarchical_error": hier / point["seconds"] - 1}
+    points = []
+    for point in links["allreduce"]:
+        ring = ring_seconds(point["bytes"], nodes * per_node, inter if nodes > 1 and inter else intra or inter)
+        hier = hierarchical_seconds(point["bytes"], nodes, per_node, intra or inter, inter or intra)
+        points.append({"bytes": point["bytes"], "measured_ms": point["seconds"] * 1e3, "ring_ms": ring * 1e3,
+                       "hierarchical_ms": hier * 1e3, "ring_error": ring / point["seconds"] - 1,
+                       "hierarchical_error": hier / point["seconds"] - 1})
+    return {**points[-1], "ranks": nodes * per_node, "points": points}
 
 
 def render_model_check(check: Optional[dict[str, Any]]) -> str:

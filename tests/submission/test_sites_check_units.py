@@ -377,6 +377,10 @@ def test_model_is_checked_against_the_jobs_own_allreduce() -> None:
     assert check["measured_ms"] == pytest.approx(2.0)
     assert check["ring_error"] == pytest.approx(check["ring_ms"] / 2.0 - 1)
     assert "measured 2.0 ms; ring model" in sitecheck.render_model_check(check)
+    # every measured size, not only the largest
+    assert [p["bytes"] for p in check["points"]] == [4096, 65536]
+    assert check["points"][0]["measured_ms"] == pytest.approx(1.0)
+    assert check["points"][0]["ring_ms"] == pytest.approx(sitecheck.ring_seconds(4096, 4, inter) * 1e3)
 
 
 # Horovod's published scaling (docs/benchmarks.rst): 128 servers x 4 P100, 25 Gbit/s RoCE, tf_cnn_benchmarks,
