@@ -6,8 +6,15 @@
 
 The input pipeline (shuffle, a pure-TF augmentation, batching) runs in the compute job's tf.data workers; each
 training rank pulls ready batches (``distributed_epoch`` with a shared job: every batch reaches one rank once per
-epoch). ``--dispatcher-side training`` (on both commands) runs the dispatcher in the training job instead.
-Rank 0 tells the compute job to stop when training is done.
+epoch). The seed's two variants, chosen by the compute job's ``--dispatcher-side`` (the config says which):
+``compute`` (default: the compute job runs the dispatcher, the script calls ``send_to_data_service``) and
+``training`` (rank 0 of the training job runs it inside ``with tf_data_service(...)`` and applies ``distribute``):
+
+    hpcvod run -np 2 python -m hpcvod.tensorflow.data.compute_worker --dispatcher-side training $CONFIG &
+    hpcvod run -np 2 python examples/keras_data_service_digits.py $CONFIG
+
+Rank 0 tells the compute job to stop when training is done. ``--local`` trains the same model on the same pipeline
+run in the training ranks themselves (each rank a disjoint shard of the batches), for comparison; no compute job.
 """
 
 from __future__ import annotations
@@ -28,15 +35,16 @@ from hpcvod.tensorflow.data.compute_service import TfDataServiceConfig, tf_data_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="the compute job's config file (a shared path)")
+    parser.add_argument("config", nargs="?", help="the compute job's config file (a shared path)")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32, help="batch per rank")
-    parser.add_argument("--dispatcher-side", choices=["compute", "training"], default="compute")
+    parser.add_argument("--local", action="store_true", help="no data service: the pipeline runs in each rank")
     args = parser.parse_args()
+    if not args.local and not args.config:
+        parser.error("CONFIG: the compute job's config file is needed (or --local to train without the service)")
 
     hvd.init()
     keras.utils.set_random_seed(hvd.rank())
-    config = TfDataServiceConfig.read(args.config, wait_for_file_creation=True)
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
@@ -51,17 +59,30 @@ def main() -> None:
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size(), momentum=0.9)),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False)
-    with tf_data_service(config, hvd.rank()) as address:
-        dataset = pipeline.apply(tf.data.experimental.service.distribute(
-            processing_mode="distributed_epoch", service=address, job_name="digits"))
-        # every rank must run the same number of steps: the shared job splits batches unevenly
-        steps = 1400 // args.batch // hvd.size() - 1
+    # every rank must run the same number of steps: the shared job splits batches unevenly
+    steps = 1400 // args.batch // hvd.size() - 1
+
+    def fit(dataset: tf.data.Dataset) -> None:
         model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=args.epochs, verbose=2 if hvd.rank() == 0 else 0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+    if args.local:
+        fit(pipeline.shard(hvd.size(), hvd.rank()))
+    else:
+        config = TfDataServiceConfig.read(args.config, wait_for_file_creation=True)
+        if config.dispatcher_side == "compute":
+            fit(pipeline.send_to_data_service(config, hvd.rank(), hvd.size(), reuse_dataset=True))
+        else:
+            # this job runs the dispatcher (rank 0) for as long as the block lasts
+            with tf_data_service(config, hvd.rank()) as address:
+                fit(pipeline.apply(tf.data.experimental.service.distribute(
+                    processing_mode="distributed_epoch", service=address, job_name="digits")))
     loss, accuracy = model.evaluate(x[1400:], y[1400:], verbose=0)
     if hvd.rank() == 0:
-        print(f"test accuracy {accuracy:.4f} ({hvd.size()} ranks, data service)", flush=True)
-        config.shutdown()
+        where = "local pipeline" if args.local else f"data service, {config.dispatcher_side}-side dispatcher"
+        print(f"test accuracy {accuracy:.4f} ({hvd.size()} ranks, {where})", flush=True)
+        if not args.local:
+            config.shutdown()
 
 
 if __name__ == "__main__":

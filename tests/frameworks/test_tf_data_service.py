@@ -1,10 +1,13 @@
 """The tf.data service compute job (issue 14): a compute job (``python -m hpcvod.tensorflow.data.compute_worker``)
-and a training job, two real MPI jobs on this machine that meet through the config file."""
+and a training job, two real MPI jobs on this machine that meet through the config file; and the example
+(examples/keras_data_service_digits.py) trained through the service against the same training without it.
+The Spark compute job: test_tf_data_service_spark.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,3 +116,43 @@ def test_compute_worker_refuses_a_size_that_is_not_a_multiple_of_the_dispatchers
     code, log = finish(compute, timeout=120)
     assert code != 0
     assert "3 ranks cannot be split among 2 dispatcher(s)" in log
+
+
+EXAMPLE = ROOT / "examples" / "keras_data_service_digits.py"
+
+
+def example_accuracy(config: Path | None, *compute_args: str) -> float:
+    """Runs examples/keras_data_service_digits.py on 2 ranks, through a 2-rank compute job started with
+    ``compute_args`` (or ``--local`` without one: config None), and returns its test accuracy."""
+    compute = start_compute(2, config, *compute_args) if config is not None else None
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(EXAMPLE),
+                           *([str(config)] if config is not None else ["--local"])],
+                          env=rank_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=180)
+    if compute is not None:
+        code, log = finish(compute)
+        assert code == 0, log[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    found = re.search(r"test accuracy (\d\.\d+) \(2 ranks, (.*)\)", done.stdout)
+    assert found, done.stdout[-2000:]
+    print(f"test accuracy {found.group(1)}: {found.group(2)}")
+    return float(found.group(1))
+
+
+# Digits' last 397 images (the test split) are harder than the rest: this small model reaches ~0.89 on them after 8
+# epochs (and ~0.1 untrained); two runs differ in batch order, so "the same" means within a few points.
+@pytest.mark.timeout(300)
+def test_the_example_converges_through_the_service_as_without_it(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    require_framework("sklearn")
+    local = example_accuracy(None)
+    service = example_accuracy(tmp_path / "service.json")
+    print(f"digits test accuracy: local pipeline {local:.4f}, through the data service {service:.4f}")
+    assert local > 0.8 and service > 0.8
+    assert abs(local - service) < 0.05
+
+
+@pytest.mark.timeout(200)
+def test_the_example_trains_with_a_training_side_dispatcher(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    require_framework("sklearn")
+    assert example_accuracy(tmp_path / "service.json", "--dispatcher-side", "training") > 0.8
