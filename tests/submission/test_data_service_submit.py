@@ -58,7 +58,7 @@ def rendered(site_name: str) -> str:
 def test_golden_data_service_scripts(golden_workdir: Path, site: str) -> None:
     nodes, gpus, *_ = CASES[site]
     text = rendered(site)
-    path = GOLDEN / f"data-service-{site}-{nodes}n{gpus}g.sh"
+    path = GOLDEN / "data-service" / f"{site}-{nodes}n{gpus}g.sh"  # a folder of their own: test_golden.py owns *.sh
     if REGEN:
         path.write_text(text)
     assert path.exists(), f"{path} missing: run with HPCVOD_REGEN_GOLDEN=1"
