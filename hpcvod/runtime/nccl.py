@@ -233,38 +233,56 @@ class DeviceOps:
 
     def run_others(self, hs: list[Any], tl: Any = None) -> None:
         """Everything but fused allreduces, in the agreed order (the host executor's interface); kinds NCCL has
-        no form for are staged through host memory."""
-        runs = {K.ALLREDUCE: lambda h: self.allreduce([h], h.tensor.nbytes), K.ALLGATHER: self._allgather,
-                K.BROADCAST: self.broadcast, K.ALLTOALL: self.alltoall, K.REDUCESCATTER: self.reducescatter}
+        no form for are staged through host memory. The allgathers, and the reducescatters, of one cycle each run
+        as one NCCL group (one launch; one row-count exchange): Horovod fuses those kinds too."""
+        runs = {K.ALLREDUCE: lambda h: self.allreduce([h], h.tensor.nbytes), K.BROADCAST: self.broadcast,
+                K.ALLTOALL: self.alltoall}
+        batches = {K.ALLGATHER: self._allgather, K.REDUCESCATTER: self._reducescatter}
+        for kind, run in batches.items():       # first, as the host executor runs its allgathers first
+            batch = [h for h in hs if h.kind == kind]
+            if batch:
+                run(batch)
         for h in hs:
-            runs.get(h.kind, self.staged)(h)
+            if h.kind not in batches:
+                runs.get(h.kind, self.staged)(h)
 
-    def _allgather(self, h: Any) -> None:
-        """Every member's rows, concatenated in rank order (first dimensions may differ): one ncclAllGather when
-        they agree, else one ncclBroadcast per member in a group."""
+    def _allgather(self, hs: list[Any]) -> None:
+        """Every member's rows, concatenated in rank order (first dimensions may differ), for each request: one
+        exchange of every request's row count over MPI, then one NCCL group with an ncclAllGather per request
+        whose counts agree, else an ncclBroadcast per member."""
         if self.backend == "mpi":
-            self.staged(h)
+            for h in hs:
+                self.staged(h)
             return
         cp, nccl = self.cupy, self._nccl_mod
-        a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
-        rows = self._host_counts([a.shape[0]])[:, 0]
-        row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
-        with self._stream(h.stream):
-            out = cp.empty((int(rows.sum()),) + a.shape[1:], a.dtype)
-            send = cp.ascontiguousarray(a)
+        sends = [h.tensor if h.tensor.ndim else h.tensor.reshape(1) for h in hs]
+        counts = self._host_counts([a.shape[0] for a in sends])        # (members, requests)
+        outs = []
         comm = self.comm
-        if (rows == rows[0]).all():
-            comm.allGather(send.data.ptr, out.data.ptr, int(rows[0]) * row_bytes, nccl.NCCL_UINT8, h.stream)
-        else:
-            offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]) * row_bytes
-            nccl.groupStart()
-            for r, (count, offset) in enumerate(zip(rows, offsets)):
-                comm.broadcast(send.data.ptr, out.data.ptr + int(offset), int(count) * row_bytes,
-                               nccl.NCCL_UINT8, r, h.stream)
-            nccl.groupEnd()
-        self._finish(h.stream)
-        h.result = out
-        h.done = True
+        for h, a in zip(hs, sends):
+            with self._stream(h.stream):
+                outs.append(cp.empty((int(counts[:, len(outs)].sum()),) + a.shape[1:], a.dtype))
+        nccl.groupStart()
+        for k, (h, a, out) in enumerate(zip(hs, sends, outs)):
+            rows = counts[:, k]
+            row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+            if (rows == rows[0]).all():
+                comm.allGather(a.data.ptr, out.data.ptr, int(rows[0]) * row_bytes, nccl.NCCL_UINT8, h.stream)
+            else:
+                offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]) * row_bytes
+                for r, (count, offset) in enumerate(zip(rows, offsets)):
+                    comm.broadcast(a.data.ptr, out.data.ptr + int(offset), int(count) * row_bytes,
+                                   nccl.NCCL_UINT8, r, h.stream)
+        nccl.groupEnd()
+        self._done(hs, outs)
+
+    def _done(self, hs: list[Any], results: list[Any]) -> None:
+        """Wait for each request's stream, then hand out its result."""
+        for h in hs:
+            self._finish(h.stream)
+        for h, result in zip(hs, results):
+            h.result = result
+            h.done = True
 
     def alltoall(self, h: Any) -> None:
         """Rows ``splits[r]`` to member r, through ncclSend/ncclRecv pairs in one group; the result is
@@ -296,43 +314,49 @@ class DeviceOps:
         h.result = (out, received)
         h.done = True
 
-    def reducescatter(self, h: Any) -> None:
+    def _reducescatter(self, hs: list[Any]) -> None:
         """The first dimension split as the host path splits it (the first ``dim0 % size`` members one row
-        more): one ncclReduceScatter when the split is even, else one ncclReduce per member in a group."""
+        more), for each request, in one NCCL group: an ncclReduceScatter when the split is even, else an
+        ncclReduce per member."""
         if self.backend == "mpi":
-            self.staged(h)
+            for h in hs:
+                self.staged(h)
             return
         cp, nccl = self.cupy, self._nccl_mod
-        a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
         size, me = self.size, self.rank
-        base, extra = divmod(a.shape[0], size)
-        rows = [base + (1 if r < extra else 0) for r in range(size)]
-        per_row = int(np.prod(a.shape[1:], dtype=np.int64))
-        elem = h.sig[1]
-        dtype, op = self._types(elem, h.sig[3])
-        with self._stream(h.stream):
-            send = cp.ascontiguousarray(a)
-            if h.prescale != 1.0:
-                send = scale_on_device(cp, send, h.prescale, elem)
-            out = cp.empty((rows[me],) + a.shape[1:], a.dtype)
         comm = self.comm
-        if extra == 0:
-            comm.reduceScatter(send.data.ptr, out.data.ptr, base * per_row, dtype, op, h.stream)
-        else:
+        work = []
+        for h in hs:
+            a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
+            elem = h.sig[1]
+            with self._stream(h.stream):
+                send = cp.ascontiguousarray(a)
+                if h.prescale != 1.0:
+                    send = scale_on_device(cp, send, h.prescale, elem)
+                base, extra = divmod(a.shape[0], size)
+                rows = [base + (1 if r < extra else 0) for r in range(size)]
+                out = cp.empty((rows[me],) + a.shape[1:], a.dtype)
+            work.append((h, send, out, rows, extra, self._types(elem, h.sig[3])))
+        nccl.groupStart()
+        for h, send, out, rows, extra, (dtype, op) in work:
+            per_row = int(np.prod(send.shape[1:], dtype=np.int64))
+            if extra == 0:
+                comm.reduceScatter(send.data.ptr, out.data.ptr, rows[0] * per_row, dtype, op, h.stream)
+                continue
             offset = 0
-            nccl.groupStart()
             for r in range(size):
-                target = out.data.ptr if r == me else send.data.ptr + offset * a.itemsize
-                comm.reduce(send.data.ptr + offset * a.itemsize, target, rows[r] * per_row, dtype, op, r,
+                target = out.data.ptr if r == me else send.data.ptr + offset * send.itemsize
+                comm.reduce(send.data.ptr + offset * send.itemsize, target, rows[r] * per_row, dtype, op, r,
                             h.stream)
                 offset += rows[r] * per_row
-            nccl.groupEnd()
-        if h.postscale != 1.0:
-            with self._stream(h.stream):
-                out = scale_on_device(cp, out, h.postscale, elem)
-        self._finish(h.stream)
-        h.result = out
-        h.done = True
+        nccl.groupEnd()
+        results = []
+        for h, _, out, _, _, _ in work:
+            if h.postscale != 1.0:
+                with self._stream(h.stream):
+                    out = scale_on_device(cp, out, h.postscale, h.sig[1])
+            results.append(out)
+        self._done(hs, results)
 
     # ------------------------------------------------------------------------------- staging
     def staged(self, h: Any) -> None:

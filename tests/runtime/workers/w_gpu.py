@@ -146,6 +146,20 @@ if torch is not None:
     except hvd.HpcvodInputError as exc:
         assert "bfloat16" in str(exc), exc
         checks += 1
+# async bursts: the allgathers (equal and different first dimensions) of one cycle run as one NCCL group, and so
+# do the reducescatters (even, uneven, scaled)
+gathers = [hvd.allgather_async(cp.full((rank + 1 if i % 2 else 2, 2), 10 * i + rank, cp.float32),
+                               name=f"ag.burst.{i}") for i in range(6)]
+scatters = [hvd.reducescatter_async(cp.ones((size + i, 3), cp.float32) * (rank + 1), op=hvd.Sum,
+                                    prescale_factor=2.0 if i == 3 else 1.0, name=f"rs.burst.{i}") for i in range(4)]
+for i, h in enumerate(gathers):
+    rows_of = [(r + 1 if i % 2 else 2) for r in range(size)]
+    same(f"allgather burst {i}", on_device("allgather burst", hvd.synchronize(h)),
+         np.concatenate([np.full((n, 2), 10 * i + r) for r, n in enumerate(rows_of)]))
+for i, h in enumerate(scatters):
+    mine_rows = (size + i) // size + (1 if rank < (size + i) % size else 0)
+    same(f"reducescatter burst {i}", on_device("reducescatter burst", hvd.synchronize(h)),
+         np.full((mine_rows, 3), ranks_sum * (2.0 if i == 3 else 1.0)))
 # a device tensor on one rank and a host array on another under the same name: a mismatch on every rank
 if size > 1:
     mixed = cp.ones(8, cp.float32) if rank == 0 else np.ones(8, np.float32)
