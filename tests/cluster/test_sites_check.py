@@ -81,6 +81,9 @@ def test_every_other_sandbox_profile_passes(slurm_cluster: Cluster, tmp_path: Pa
     status, report = check(tmp_path, site, venv=flavour.venv)
     assert status == 0, report["checks"]
     assert statuses(report)["world.size"] == "pass"
+    # each wheel named its transport between the nodes itself (Open MPI: its tcp btl to a rank on n2 or n1)
+    said = evidence(report, "interconnect.mpi_transport")
+    assert said.startswith("between nodes: tcp, as the MPI reported: ") and "source: the MPI's own report" in said
 
 
 def broken(tmp_path: Path, body: str, base: Path = SANDBOX) -> Path:
