@@ -1,13 +1,15 @@
 """The tf.data service compute job against the same pipeline run locally, in one invocation.
 
     .venv/bin/python benchmarks/bench_tf_data_service.py [--compute-ranks 2] [--elements 2000] [--rounds 3]
+        [--engine mpi|spark]
 
 A CPU-heavy pure-TF map (a few matrix products per element, as an augmentation would cost) feeds a consumer that
 counts batches: in interleaved rounds (medians) the pipeline runs in the consumer's own process ("local") and
 in a compute job of ``--compute-ranks`` ranks started with the MPICH wheel's ``mpiexec`` (``python -m
-hpcvod.tensorflow.data.compute_worker``), the consumer pulling with ``distributed_epoch``. It prints elements/s of
-both and their ratio. The win needs cores the consumer does not use (CPU nodes); on a 2-core machine everything
-shares the same two cores and the service can only lose (FACTS.md measured 0.58x).
+hpcvod.tensorflow.data.compute_worker``; ``--engine spark``: ``spark-submit --master local[N]
+compute_worker_spark.py``, pyspark and Java needed), the consumer pulling with ``distributed_epoch``. It
+prints elements/s of both and their ratio. The win needs cores the consumer does not use (CPU nodes); on a 2-core
+machine everything shares the same two cores and the service can only lose (FACTS.md measured 0.58x).
 """
 
 from __future__ import annotations
@@ -46,15 +48,22 @@ def main() -> None:
     parser.add_argument("--compute-ranks", type=int, default=2)
     parser.add_argument("--elements", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engine", choices=["mpi", "spark"], default="mpi", help="what runs the compute job")
     args = parser.parse_args()
     import tensorflow as tf
 
     from hpcvod.tensorflow.data.compute_service import TfDataServiceConfig, tf_data_service
     folder = Path(tempfile.mkdtemp(prefix="bench-data-service-"))
     config_path = folder / "service.json"
-    compute = subprocess.Popen([str(MPIEXEC), "-n", str(args.compute_ranks), sys.executable, "-m",
-                                "hpcvod.tensorflow.data.compute_worker", str(config_path)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if args.engine == "mpi":
+        argv = [str(MPIEXEC), "-n", str(args.compute_ranks), sys.executable, "-m",
+                "hpcvod.tensorflow.data.compute_worker", str(config_path)]
+    else:
+        import hpcvod.tensorflow.data.compute_worker_spark as spark_worker
+        argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", f"local[{args.compute_ranks}]",
+                spark_worker.__file__, str(config_path)]
+    compute = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     try:
         config = TfDataServiceConfig.read(str(config_path), wait_for_file_creation=True, timeout=120)
         local, service = [], []
@@ -72,7 +81,7 @@ def main() -> None:
     print(f"machine: {os.uname().nodename}, {os.cpu_count()} cores, TensorFlow {tf.__version__}; "
           f"{args.elements} elements, medians of {args.rounds} interleaved rounds")
     print(f"local pipeline:                         {lo:10.1f} elements/s")
-    print(f"through the service ({args.compute_ranks} compute ranks):   {se:10.1f} elements/s   "
+    print(f"through the service ({args.compute_ranks} compute ranks, {args.engine}): {se:10.1f} elements/s   "
           f"= {se / lo:.2f}x local")
 
 
