@@ -466,3 +466,35 @@ def test_projection_options_refused_in_one_line_before_any_job(tmp_path: Path, a
                       env=clean_env(tmp_path))
     assert done.returncode == 2 and done.stderr.strip() == said, done.stderr
     assert not (tmp_path / "jobs").exists()
+
+
+CAPTURE = """
+import ctypes, sys
+from pathlib import Path
+from hpcvod.runtime.sitecheck import CapturedOutput
+libc = ctypes.CDLL(None)
+with CapturedOutput(Path(sys.argv[1])) as first:
+    libc.printf(b"libfabric provider: verbs;ofi_rxm\\n")     # C stdio, buffered: never seen by sys.stdout
+    print("from python", file=sys.stderr)
+print("after:", repr(first.text))
+try:
+    with CapturedOutput(None):
+        libc.printf(b"the MPI said why\\n")
+        raise RuntimeError("init failed")
+except RuntimeError:
+    pass
+"""
+
+
+def test_captured_output_takes_what_c_printed_and_gives_it_back_on_an_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CAPTURE, str(tmp_path / "0.mpi.log")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # the first block's C printf and Python's stderr went to the file, and only there
+    assert done.stdout == "after: 'libfabric provider: verbs;ofi_rxm\\nfrom python\\n'\n"
+    assert (tmp_path / "0.mpi.log").read_text() == "libfabric provider: verbs;ofi_rxm\nfrom python\n"
+    # the second block failed: what it captured is written back to stderr for the job's output
+    assert done.stderr == "the MPI said why\n"
