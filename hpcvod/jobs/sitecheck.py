@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcvod.jobs.png import write_plot
-from hpcvod.runtime.sitecheck import LINKS_FILE, MIB, RECORDS_DIR
+from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import interconnect_env
@@ -191,7 +191,14 @@ def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Opt
     records: list[Optional[dict]] = []
     for rank in range(world_size):
         path = job_dir / RECORDS_DIR / f"{rank}.json"
-        records.append(json.loads(path.read_text()) if path.exists() else None)
+        record = json.loads(path.read_text()) if path.exists() else None
+        if record and record.pop(ENDED_IN_MPI, False):
+            log = job_dir / RECORDS_DIR / f"{rank}.mpi.log"
+            said = [line.strip() for line in (log.read_text(errors="replace") if log.exists() else "").splitlines()
+                    if line.strip()][-2:]
+            record["init_error"] = (f"rank {rank} on {record.get('hostname')} ended inside the MPI without a Python "
+                                    f"error; {log.name} ends: " + (" / ".join(said) or "(empty)"))
+        records.append(record)
     tail = "\n".join((output.read_text(errors="replace") if output.exists() else "").splitlines()[-15:])
     failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
     if failures:

@@ -20,12 +20,13 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .world import hostname, launcher_rank
 
 LINKS_FILE = "links.json"
 RECORDS_DIR = "sitecheck"   # each rank's record, <rank>.json, in the job folder
+ENDED_IN_MPI = "ended_in_mpi"   # marks the early record: still there, the process ended inside the MPI part
 KIB = 1024
 MIB = 1024 * KIB
 PING_REPS = 100              # 8-byte round trips for the latency figure
@@ -208,8 +209,10 @@ def _peers(hosts: list[str]) -> tuple[Optional[int], Optional[int]]:
     return intra, inter
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
-    """Everything one rank can tell about the site; rank 0's record also carries the link measurements."""
+def probe(request: dict[str, Any], before_mpi: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+    """Everything one rank can tell about the site; rank 0's record also carries the link measurements.
+    ``before_mpi`` gets the record as it stands before MPI starts: an MPI that aborts the process (a wrong
+    interface setting) leaves no Python exception, and that early record is then the only evidence."""
     if not isinstance(request, dict):
         raise TypeError(f"probe(request): expected a mapping, got {type(request).__name__}")
     record: dict[str, Any] = {
@@ -227,6 +230,8 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     record["interfaces"] = interfaces()
     record["interface_settings"] = {k: os.environ[k] for k in INTERFACE_VARIABLES if k in os.environ}
     record["container"] = container_markers()
+    if before_mpi is not None:
+        before_mpi(record)
     import hpcvod.runtime as hvd
 
     for key, value in REPORTING_VARIABLES.items():   # before MPI_Init, where the libraries read them

@@ -163,3 +163,17 @@ def test_a_job_that_does_not_end_within_timeout_is_cancelled_and_fails(slurm_clu
     assert "| job.time | FAIL |" in (job_dir / "report.md").read_text()
     queued = run(["squeue", "-h", "-j", report["job_id"], "-o", "%T"], timeout=30).stdout.strip()
     assert queued in ("", "CANCELLED"), queued
+
+
+def test_an_mpi_interface_no_node_has_is_named_though_the_mpi_aborts_the_ranks(slurm_cluster: Cluster,
+                                                                                 tmp_path: Path) -> None:
+    # MPICH's OFI tcp provider told to use ib0: MPI_Init aborts each process (no Python exception); the early
+    # record each rank wrote before starting MPI and its MPI log are the evidence
+    status, report = check(tmp_path, broken(tmp_path, "mpi:\n  env:\n    FI_TCP_IFACE: ib0\n"), "--timeout", "150")
+    assert status == 1
+    got = statuses(report)
+    assert got["world.size"] == got["interconnect.interfaces"] == "fail"
+    assert evidence(report, "interconnect.interfaces").startswith("FI_TCP_IFACE=ib0: no ib0 on n1, n2 (n1 has ")
+    said = evidence(report, "world.size")
+    assert "ended inside the MPI without a Python error; " in said and ".mpi.log ends: " in said
+    assert "OFI" in said, said

@@ -498,3 +498,16 @@ def test_captured_output_takes_what_c_printed_and_gives_it_back_on_an_error(tmp_
     assert (tmp_path / "0.mpi.log").read_text() == "libfabric provider: verbs;ofi_rxm\nfrom python\n"
     # the second block failed: what it captured is written back to stderr for the job's output
     assert done.stderr == "the MPI said why\n"
+
+
+def test_a_rank_that_ended_inside_the_mpi_is_told_by_its_early_record_and_its_log(tmp_path: Path) -> None:
+    from hpcvod.runtime.sitecheck import ENDED_IN_MPI
+
+    (tmp_path / "sitecheck").mkdir()
+    (tmp_path / "sitecheck" / "0.json").write_text(json.dumps({**record(0, "n1"), ENDED_IN_MPI: True}))
+    (tmp_path / "sitecheck" / "0.mpi.log").write_text("summary\nAbort(1): Fatal error\nOFI call ep_enable failed\n\n")
+    (tmp_path / "sitecheck" / "1.json").write_text(json.dumps(record(1, "n1")))
+    records, _ = sitecheck.read_records(tmp_path, 3, tmp_path / "output.log")
+    assert records[0]["init_error"] == ("rank 0 on n1 ended inside the MPI without a Python error; 0.mpi.log ends: "
+                                        "Abort(1): Fatal error / OFI call ep_enable failed")
+    assert ENDED_IN_MPI not in records[0] and "init_error" not in records[1] and records[2] is None
