@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_pbs_script_body import PROFILE, clean_env, run_like_pbs_mom, venv_or_skip
+from test_pbs_script_body import render_job, run_like_pbs_mom, venv_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "cluster" / "workers" / "tf_data_service_train.py"
@@ -24,17 +24,10 @@ def test_pbs_data_service_job_splits_the_node_file_and_trains(tmp_path: Path) ->
     venv = venv_or_skip("mpich")
     if subprocess.run([str(venv / "bin" / "python"), "-c", "import tensorflow"], capture_output=True).returncode:
         pytest.skip(f"tensorflow is not installed in {venv}")
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    (tmp_path / "site.yaml").write_text(PROFILE)
-    shutil.copy(WORKER, job_dir / "train.py")
     # 2 compute ranks + 2 training ranks = the 4 lines run_like_pbs_mom writes to the node file
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "hpcvod.cli", "render", "--site",
-                           str(tmp_path / "site.yaml"), "--queue", "cpu", "--nodes", "1", "--tasks-per-node", "2",
-                           "--data-service-nodes", "1", "--data-service-tasks-per-node", "2", "-o", "job.pbs",
-                           "train.py", "seen.json"], cwd=job_dir, capture_output=True, text=True, timeout=60,
-                          env=clean_env(XDG_CONFIG_HOME=str(tmp_path / "xdg")))
-    assert done.returncode == 0, done.stdout + done.stderr
+    job_dir = render_job(tmp_path, venv, "train.py", "seen.json", layout=(
+        "--nodes", "1", "--tasks-per-node", "2", "--data-service-nodes", "1", "--data-service-tasks-per-node", "2"))
+    shutil.copy(WORKER, job_dir / "train.py")
     assert "#PBS -l select=1:ncpus=128:mpiprocs=2:ompthreads=64+1:ncpus=2:mpiprocs=2:ompthreads=1" in \
         (job_dir / "job.pbs").read_text()
     done = run_like_pbs_mom(job_dir, tmp_path)

@@ -60,15 +60,16 @@ def venv_or_skip(name: str) -> Path:
     return venv
 
 
-def render_job(tmp_path: Path, venv: Path, *program: str) -> Path:
-    """`hpcvod render` a 1-node x 4-rank PBS job into a job folder, as `hpcvod submit` would lay it out."""
+def render_job(tmp_path: Path, venv: Path, *program: str,
+               layout: tuple[str, ...] = ("--nodes", "1", "--tasks-per-node", "4")) -> Path:
+    """`hpcvod render` a 1-node x 4-rank PBS job (or another ``layout``) into a job folder, as `hpcvod submit`
+    would lay it out."""
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (tmp_path / "site.yaml").write_text(PROFILE)
     shutil.copy(WORKER, job_dir / "train.py")
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "hpcvod.cli", "render", "--site",
-                           str(tmp_path / "site.yaml"), "--queue", "cpu", "--nodes", "1", "--tasks-per-node", "4",
-                           "-o", "job.pbs", *program], cwd=job_dir, capture_output=True, text=True, timeout=60,
+                           str(tmp_path / "site.yaml"), "--queue", "cpu", *layout, "-o", "job.pbs", *program], cwd=job_dir, capture_output=True, text=True, timeout=60,
                           env=clean_env(XDG_CONFIG_HOME=str(tmp_path / "xdg")))
     assert done.returncode == 0, done.stdout + done.stderr
     return job_dir
