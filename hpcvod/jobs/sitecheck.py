@@ -13,13 +13,16 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpcvod.jobs.png import write_plot
 from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import interconnect_env
+
+if TYPE_CHECKING:  # the submission machinery loads only when a check runs
+    from hpcvod.jobs.submission import Prepared
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 JOB_NAME = "sites-check"
@@ -170,7 +173,7 @@ class _TimedOut(Exception):
         self.job_dir, self.job_id = job_dir, job_id
 
 
-def prepare_check(site: Site, request: Request) -> Any:
+def prepare_check(site: Site, request: Request) -> "Prepared":
     """The acceptance job, rendered but not submitted (a ``Prepared``): an ordinary job whose program is the
     check's worker, so it gets the profile's template, launcher line, modules and setup as a user's job does."""
     from hpcvod.jobs.spec import JobSpec
