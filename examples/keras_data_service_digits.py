@@ -35,7 +35,9 @@ from hpcvod.tensorflow.data.compute_service import TfDataServiceConfig, tf_data_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", help="the compute job's config file (a shared path)")
+    parser.add_argument("config", nargs="?", default=os.environ.get("HPCVOD_DATA_SERVICE_CONFIG"),
+                        help="the compute job's config file (a shared path; default $HPCVOD_DATA_SERVICE_CONFIG, "
+                        "set by `hpcvod submit --data-service-nodes N`)")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32, help="batch per rank")
     parser.add_argument("--local", action="store_true", help="no data service: the pipeline runs in each rank")
