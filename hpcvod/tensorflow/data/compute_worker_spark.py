@@ -4,6 +4,8 @@
     PYSPARK_PYTHON=$(command -v python) spark-submit --master "local[4]" "$worker_py" \\
         [--dispatchers N] [--dispatcher-side compute|training] [--timeout S] [--tasks T] CONFIG.json
 
+or, on this machine only, ``python -m hpcvod.tensorflow.data.compute_worker_spark ...`` (master ``local[*]``).
+
 One barrier task per compute rank (``--tasks``, default the context's default parallelism: N of ``local[N]``);
 each runs the same ``serve`` as an MPI compute rank, its rank, size, barrier and all-gather taken from
 ``BarrierTaskContext``. The training job is unchanged (it reads CONFIG). The stage ends when the training side
@@ -73,6 +75,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr, flush=True)
         return 2
     conf = SparkConf().setAppName("hpcvod tf.data service compute job")
+    conf.setIfMissing("spark.master", "local[*]")    # `python -m ...` without spark-submit: this machine's cores
     for key, value in BARRIER_CHECK.items():
         conf.setIfMissing(key, value)
     # local mode: the tasks' Python is the driver's (it has hpcvod and TensorFlow) unless the user chose one
