@@ -160,6 +160,8 @@ def component_states(ref: JobRef) -> list[tuple[str, JobStatus]]:
         if component is None:
             return []
         out.append((part, scheduler.status(component, None)))
+    if all(status.state == UNKNOWN for _, status in out):
+        return []  # the scheduler has forgotten the job: its exit file (the job's own line) is all there is
     return out
 
 
