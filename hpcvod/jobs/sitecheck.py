@@ -181,7 +181,7 @@ def prepare_check(site: Site, request: Request) -> "Prepared":
     from hpcvod.launchers.host import detect_host
 
     payload = {"env_expect": expected_env(site), "frameworks": list(request.frameworks),
-               "max_bytes": (4 if request.quick else 256) * MIB}
+               "max_bytes": (4 if request.quick else 256) * MIB, "gpus_per_node": request.gpus_per_node}
     spec = JobSpec(program=str(WORKER), args=(json.dumps(payload),), nodes=request.nodes,
                    tasks_per_node=request.tasks_per_node, gpus_per_node=request.gpus_per_node or None,
                    partition=request.partition, time="00:15:00", job_name=JOB_NAME)
@@ -409,9 +409,58 @@ def _interconnect_checks(site: Site, request: Request, records: list[Optional[di
         else:
             check = Check("interconnect.mpi_transport", PASS, f"{evidence} (interconnect.kind {kind}; {source})")
     checks.insert(0, check)
-    checks.append(Check("interconnect.nccl", SKIP, "no GPUs in this check (--gpus-per-node): NCCL not started"
-                        if not request.gpus_per_node else "NCCL's network choice (NCCL_DEBUG=INFO) is not read yet"))
+    checks.append(_nccl_check(site, request, got))
     return checks
+
+
+def nccl_network(lines: list[str]) -> tuple[Optional[str], str]:
+    """NCCL's network as its INFO lines say (``tcp`` for its sockets, ``infiniband`` / ``roce`` from the cards' link
+    layer, ``rdma`` for an IB-class network or plugin whose link layer it did not print) and the line that says so;
+    (None, "") when it said nothing."""
+    network = next((line for line in lines if "Using network" in line), "")
+    cards = next((line for line in lines if "NET/IB" in line and "Using" in line), "")
+    if not network:
+        return None, ""
+    name = network.split("Using network", 1)[1].strip()
+    if name.lower().startswith("socket"):
+        return TCP, network
+    if "/RoCE" in cards:
+        return "roce", cards
+    if "/IB" in cards:
+        return "infiniband", cards
+    return RDMA, network
+
+
+def _nccl_check(site: Site, request: Request, got: list[dict]) -> Check:
+    """With GPUs: whether device buffers ran on NCCL, and whether NCCL's network is the profile's interconnect."""
+    if not request.gpus_per_node:
+        return Check("interconnect.nccl", SKIP, "no GPUs in this check (--gpus-per-node): NCCL not started")
+    gpus = [r["gpu"] for r in got if r.get("gpu")]
+    path = next((g for g in gpus if "device_buffers" in g), None)
+    if path is None:
+        return Check("interconnect.nccl", SKIP, "no device collective ran (a world of one rank)")
+    if not path["device_buffers"]:
+        return Check("interconnect.nccl", FAIL, f"--gpus-per-node {request.gpus_per_node} asked, but the ranks "
+                                                f"cannot use their GPUs: {path['why']}")
+    if path["backend"] != "nccl":
+        return Check("interconnect.nccl", WARN, f"device buffers were staged through host memory and MPI, not "
+                                                f"NCCL: {path['why']}")
+    lines = [line for g in gpus for line in g.get("nccl_reported", [])]
+    kind = site.profile.interconnect.kind
+    network, line = nccl_network(lines)
+    if request.nodes == 1:
+        return Check("interconnect.nccl", PASS, f"device collectives on NCCL; one node: no network between nodes"
+                                                f"{' (NCCL: ' + repr(line) + ')' if line else ''}")
+    if network is None:
+        return Check("interconnect.nccl", WARN, "device collectives on NCCL, but NCCL printed no 'Using network' "
+                                                "line with NCCL_DEBUG=INFO: its network is unknown")
+    said = f"NCCL said {line!r} (interconnect.kind {kind})"
+    if network == TCP and kind in ("infiniband", "roce"):
+        return Check("interconnect.nccl", FAIL, f"the profile says {kind} but NCCL uses its TCP sockets between "
+                                                f"nodes: {said}; check NCCL_IB_HCA / NCCL_IB_DISABLE and the cards")
+    if network in ("infiniband", "roce") and kind in ("infiniband", "roce") and network != kind:
+        return Check("interconnect.nccl", WARN, f"NCCL runs over {network}, the profile says {kind}: {said}")
+    return Check("interconnect.nccl", PASS, f"between nodes: {network}; {said}")
 
 
 # each setting that names interfaces: how NCCL-style prefix lists (^ excludes, = exact) or exact lists read
@@ -503,8 +552,9 @@ def link_figures(links: dict[str, Any]) -> dict[str, float]:
         if links.get(path):
             out[f"{path}.latency_us"] = links[path]["latency_us"]
             out[f"{path}.gbps"] = _peak(links[path]["points"], "gbps")
-    if links.get("allreduce"):
-        out["allreduce.bus_gbps"] = _peak(links["allreduce"], "bus_gbps")
+    for path in ("allreduce", "allreduce_device"):
+        if links.get(path):
+            out[f"{path}.bus_gbps"] = _peak(links[path], "bus_gbps")
     return out
 
 
@@ -530,6 +580,10 @@ def _link_checks(site: Site, links: Optional[dict[str, Any]], previous: Optional
     checks.append(Check("links.allreduce", PASS, f"peak bus bandwidth {figures['allreduce.bus_gbps']:.2f} Gbit/s over "
                         f"{links['world_size']} ranks, {links['allreduce'][0]['bytes'] // 1024} KiB to "
                         f"{links['allreduce'][-1]['bytes'] // 1024} KiB"))
+    if links.get("allreduce_device"):
+        checks.append(Check("links.allreduce_device", PASS, f"peak bus bandwidth "
+                            f"{figures['allreduce_device.bus_gbps']:.2f} Gbit/s over {links['world_size']} ranks, "
+                            f"device buffers (interconnect.nccl says whether NCCL carried them)"))
     checks.extend(compare(figures, previous))
     return checks
 
@@ -688,6 +742,10 @@ def render_links(links: Optional[dict[str, Any]]) -> str:
     rows = ["| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|"]
     rows += [f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |"
              for p in links["allreduce"]]
+    if links.get("allreduce_device"):
+        rows += ["", "device buffers:", "", "| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|"]
+        rows += [f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |"
+                 for p in links["allreduce_device"]]
     for path in ("intra_node", "inter_node"):
         if links.get(path):
             rows += ["", f"{path.replace('_', '-')} point-to-point (rank 0 <-> {links[path]['peer']}): latency "
@@ -716,6 +774,9 @@ def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, 
     if not links:
         return {}
     series = {"allreduce bus bandwidth": [(p["bytes"], p["bus_gbps"]) for p in links["allreduce"]]}
+    if links.get("allreduce_device"):
+        series["allreduce bus bandwidth, device buffers"] = [(p["bytes"], p["bus_gbps"])
+                                                             for p in links["allreduce_device"]]
     for path in ("intra_node", "inter_node"):
         if links.get(path):
             series[f"{path.replace('_', '-')} point-to-point"] = [(p["bytes"], p["gbps"])

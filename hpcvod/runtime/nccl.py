@@ -83,6 +83,7 @@ class DeviceOps:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.host = host                 # the lane's host executor (host.HostOps), for staged requests
         self.backend, why = choose_backend(mode, comm)
+        self.why_not_nccl = why
         if why and mode == "auto" and self.rank == 0:
             print(f"hpcvod: process set {set_id}: device tensors are staged through host memory and reduced "
                   f"by MPI ({why})", file=sys.stderr, flush=True)

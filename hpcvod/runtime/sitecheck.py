@@ -44,6 +44,11 @@ REPORTED_PATTERNS = (re.compile(r"libfabric provider: .*"),
                      re.compile(r"ucp_context_\d+ +(?:self|intra-node|inter-node) cfg#\d+ .*"),
                      re.compile(r"mca: bml: Using \S+ btl for send to \S+ on node \S+"))
 MAX_REPORTED_LINES = 40
+# with GPUs: NCCL says at INFO level which network it took ("Using network IB" / "Socket" / a plugin's name) and,
+# for IB, each card's link layer ("NET/IB : Using [0]mlx5_0:1/IB" or ".../RoCE"); forced for the check's job
+NCCL_REPORTING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+NCCL_PATTERNS = (re.compile(r"NCCL INFO Using network .*"), re.compile(r"NCCL INFO NET/IB ?: ?Using .*"),
+                 re.compile(r"NCCL INFO NET/Socket ?: ?Using .*"), re.compile(r"NCCL INFO NET/IB ?: ?No device found.*"))
 # the settings that name network interfaces or HCAs: each must exist on every node
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME", "FI_TCP_IFACE", "UCX_NET_DEVICES",
                        "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "I_MPI_HYDRA_IFACE")
@@ -103,11 +108,12 @@ def container_markers() -> dict[str, Any]:
     return found
 
 
-def reported_lines(text: str) -> list[str]:
-    """The lines in which the MPI named the transport it picked (each once, at most MAX_REPORTED_LINES)."""
+def reported_lines(text: str, patterns: tuple = REPORTED_PATTERNS) -> list[str]:
+    """The lines in which the MPI (or, with NCCL_PATTERNS, NCCL) named the transport it picked (each once, at most
+    MAX_REPORTED_LINES)."""
     found: list[str] = []
     for line in text.splitlines():
-        for pattern in REPORTED_PATTERNS:
+        for pattern in patterns:
             match = pattern.search(line)
             if match and match.group(0).strip() not in found:
                 found.append(match.group(0).strip())
@@ -180,15 +186,18 @@ def _p2p(comm: Any, peer: Optional[int], me: int, max_bytes: int) -> Optional[di
     return {"peer": peer, "latency_us": latency * 1e6, "points": points}
 
 
-def _allreduce(hvd: Any, comm: Any, max_bytes: int) -> list[dict[str, Any]]:
+def _allreduce(hvd: Any, comm: Any, max_bytes: int, xp: Any = None) -> list[dict[str, Any]]:
+    """Allreduce bus bandwidth from 4 KiB to ``max_bytes``: host buffers, or device buffers with ``xp`` CuPy."""
     import numpy as np
     from mpi4py import MPI
 
+    xp = xp or np
+    where = "host" if xp is np else "device"
     n = hvd.size()
     points = []
     for nbytes in sizes(max_bytes):
-        data = np.ones(nbytes // 4, dtype=np.float32)
-        name = f"sitecheck.allreduce.{nbytes}"
+        data = xp.ones(nbytes // 4, dtype=xp.float32)
+        name = f"sitecheck.allreduce.{where}.{nbytes}"
         hvd.allreduce(data, op=hvd.Sum, name=name)        # warm-up: negotiation cache and connections
         reps = _reps(nbytes)
         comm.Barrier()
@@ -200,6 +209,23 @@ def _allreduce(hvd: Any, comm: Any, max_bytes: int) -> list[dict[str, Any]]:
         bus = nbytes * 2 * (n - 1) / n / seconds if seconds else 0.0
         points.append({"bytes": nbytes, "seconds": seconds, "bus_gbps": bus * 8 / 1e9})
     return points
+
+
+def _device_allreduce(hvd: Any, comm: Any, max_bytes: int, links: dict[str, Any]) -> dict[str, Any]:
+    """With GPUs asked for: the allreduce bus bandwidth of device buffers (NCCL, or MPI staging where NCCL cannot
+    run) into ``links``; what this rank's GPU path is (collective: every rank agrees before measuring)."""
+    from . import gpu
+
+    cupy, nccl, why = gpu.probe()
+    usable = comm.allgather(why if cupy is None else "")
+    problem = next((f"rank {r}: {w}" for r, w in enumerate(usable) if w), "")
+    if problem:
+        return {"device_buffers": False, "why": problem}
+    links["allreduce_device"] = _allreduce(hvd, comm, max_bytes, cupy)
+    links["buffers"] = "host and device"
+    ops = hvd.global_process_set._lane._device_ops
+    return {"device_buffers": True, "backend": ops.backend if ops is not None else "?",
+            "why": ops.why_not_nccl if ops is not None else ""}
 
 
 def _peers(hosts: list[str]) -> tuple[Optional[int], Optional[int]]:
@@ -236,6 +262,8 @@ def probe(request: dict[str, Any], before_mpi: Optional[Callable[[dict[str, Any]
 
     for key, value in REPORTING_VARIABLES.items():   # before MPI_Init, where the libraries read them
         os.environ.setdefault(key, value)
+    if request.get("gpus_per_node"):
+        os.environ.update(NCCL_REPORTING)            # before the first device collective creates the communicator
     out = request.get("out_dir") or os.environ.get("HPCVOD_JOB_DIR")
     records = Path(out, RECORDS_DIR) if out else None
     capture = CapturedOutput(records / f"{launcher_rank() or 0}.mpi.log"
@@ -244,6 +272,8 @@ def probe(request: dict[str, Any], before_mpi: Optional[Callable[[dict[str, Any]
         started = _start_and_measure(hvd, request, record, out)
     if "transport" in record:
         record["transport"]["reported"] = reported_lines(capture.text)
+    if request.get("gpus_per_node"):
+        record.setdefault("gpu", {})["nccl_reported"] = reported_lines(capture.text, NCCL_PATTERNS)
     if started:
         hvd.shutdown()
     return record
@@ -285,6 +315,8 @@ def _start_and_measure(hvd: Any, request: dict[str, Any], record: dict[str, Any]
                 "inter_node": _p2p(comm, inter, hvd.rank(), max_bytes),
                 "allreduce": _allreduce(hvd, comm, max_bytes),
             }
+            if request.get("gpus_per_node"):
+                record["gpu"] = _device_allreduce(hvd, comm, max_bytes, links)
             if hvd.rank() == 0:
                 record["links"] = links
                 if out:

@@ -511,3 +511,111 @@ def test_a_rank_that_ended_inside_the_mpi_is_told_by_its_early_record_and_its_lo
     assert records[0]["init_error"] == ("rank 0 on n1 ended inside the MPI without a Python error; 0.mpi.log ends: "
                                         "Abort(1): Fatal error / OFI call ep_enable failed")
     assert ENDED_IN_MPI not in records[0] and "init_error" not in records[1] and records[2] is None
+
+
+# NCCL's own INFO lines, as NCCL 2.4 to 2.19 print them in public logs (NVIDIA/nccl issues 676, 1357, 1412; nccl-tests
+# 182, 185): the network it took, and for IB each card's link layer
+NCCL_IB = ["dgx1:91:120 [0] NCCL INFO NET/Socket : Using [0]ib0:192.168.11.1<0>",
+           "dgx1:91:120 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB ibs65:10.10.10.101<0>",
+           "dgx1:91:120 [0] NCCL INFO Using network IB"]
+NCCL_ROCE = ["h100-4:460770:460842 [0] NCCL INFO NET/IB : Using [0]mlx5_10:1/RoCE [1]mlx5_11:1/RoCE [RO]; OOB "
+             "enp220s0np0:11.1.128.136<0>", "h100-4:460770:460842 [0] NCCL INFO Using network IB"]
+NCCL_SOCKET = ["gpu01:35:35 [0] NCCL INFO NET/IB : No device found.",
+               "gpu01:35:35 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>",
+               "gpu01:35:35 [0] NCCL INFO Using network Socket"]
+NCCL_PLUGIN = ["q19:49355:49414 [1] NCCL INFO Using network IBext"]
+
+
+@pytest.mark.parametrize("lines, network", [(NCCL_IB, "infiniband"), (NCCL_ROCE, "roce"), (NCCL_SOCKET, "tcp"),
+                                            (NCCL_PLUGIN, "rdma"), ([], None)])
+def test_nccl_network_read_from_its_info_lines(lines, network) -> None:
+    from hpcvod.runtime.sitecheck import NCCL_PATTERNS, reported_lines
+
+    kept = reported_lines("\n".join(["NCCL INFO cudaDriverVersion 12030", *lines, "unrelated"]), NCCL_PATTERNS)
+    assert kept == [line[line.index("NCCL INFO"):] for line in lines]
+    assert sitecheck.nccl_network(kept)[0] == network
+
+
+def gpu_ranks(nccl_lines, backend="nccl", device_buffers=True, why=""):
+    gpu = {"device_buffers": device_buffers, "backend": backend, "why": why, "nccl_reported": nccl_lines}
+    return [record(r, "n1" if r < 2 else "n2", gpu=gpu if r == 0 else {"nccl_reported": []},
+                   transport={"settings": {}, "device": None, "reported": []}) for r in range(4)]
+
+
+def test_nccl_network_is_judged_against_the_profiles_interconnect(sandbox) -> None:
+    gpus = sitecheck.Request(nodes=2, tasks_per_node=2, gpus_per_node=2)
+
+    def nccl(site, ranks, request=gpus):
+        checks = sitecheck._interconnect_checks(site, request, ranks)
+        return next(c for c in checks if c.name == "interconnect.nccl")
+    ib, roce = infiniband(sandbox), dataclasses_replace_kind(sandbox, "roce")
+    assert nccl(ib, gpu_ranks(NCCL_IB)).status == "pass"
+    failed = nccl(ib, gpu_ranks(NCCL_SOCKET))
+    assert failed.status == "fail" and "says infiniband but NCCL uses its TCP sockets" in failed.evidence
+    assert "Using network Socket" in failed.evidence
+    assert nccl(roce, gpu_ranks(NCCL_ROCE)).status == "pass"
+    assert nccl(roce, gpu_ranks(NCCL_IB)).status == "warn"            # IB link layer where RoCE was declared
+    assert nccl(sandbox, gpu_ranks(NCCL_SOCKET)).status == "pass"      # ethernet: sockets are what it promised
+    assert nccl(ib, gpu_ranks([])).status == "warn"                    # NCCL said nothing
+    staged = nccl(ib, gpu_ranks([], backend="mpi", why="ranks 0 and 1 share GPU 0000:01:00.0 on n1"))
+    assert staged.status == "warn" and "share GPU" in staged.evidence
+    no_gpu = nccl(ib, gpu_ranks([], device_buffers=False, why="rank 2: CuPy sees no GPU"))
+    assert no_gpu.status == "fail" and "rank 2: CuPy sees no GPU" in no_gpu.evidence
+    one_node = nccl(ib, gpu_ranks(NCCL_SOCKET), sitecheck.Request(nodes=1, tasks_per_node=2, gpus_per_node=2))
+    assert one_node.status == "pass" and "one node" in one_node.evidence
+    assert nccl(ib, gpu_ranks(NCCL_IB), sitecheck.Request(nodes=2, tasks_per_node=2)).status == "skip"
+
+
+def dataclasses_replace_kind(site, kind):
+    import dataclasses
+
+    return dataclasses.replace(site, profile=dataclasses.replace(
+        site.profile, interconnect=dataclasses.replace(site.profile.interconnect, kind=kind, gid_index=None)))
+
+
+def test_device_allreduce_is_a_check_a_table_and_a_line_of_the_plot() -> None:
+    points = [{"bytes": 4096 * 4 ** i, "seconds": 1e-4 * (i + 1), "bus_gbps": 10.0 * (i + 1)} for i in range(3)]
+    links = {"world_size": 4, "nodes": 2, "buffers": "host and device", "intra_node": None, "inter_node": None,
+             "allreduce": points, "allreduce_device": [dict(p, bus_gbps=p["bus_gbps"] * 9) for p in points]}
+    figures = sitecheck.link_figures(links)
+    assert figures["allreduce_device.bus_gbps"] == 270.0
+    checks = {c.name: c for c in sitecheck._link_checks(load_site("slurm-sandbox", schedulers=profile_options()),
+                                                        links, None)}
+    assert checks["links.allreduce_device"].status == "pass" and "270.00 Gbit/s" in checks["links.allreduce_device"].evidence
+    assert "device buffers:" in sitecheck.render_links(links)
+    assert list(sitecheck.plot_series(links)) == ["allreduce bus bandwidth", "allreduce bus bandwidth, device buffers"]
+
+
+PROBE_ON_STAND_IN = """
+import json, sys
+from hpcvod.runtime.sitecheck import probe
+record = probe({"gpus_per_node": 1, "max_bytes": 64 * 1024})
+from hpcvod.runtime.world import launcher_rank
+open(f"{sys.argv[1]}/{launcher_rank() or 0}.json", "w").write(json.dumps(record))
+"""
+
+
+@pytest.mark.mpi
+def test_device_buffers_measured_through_the_device_path_on_the_cpu_stand_in(tmp_path: Path, sandbox) -> None:
+    """The rank side with GPUs asked for, on 2 ranks with the CPU stand-in for CuPy and NCCL
+    (tests/runtime/cpu_cupy): device buffers go through runtime/nccl.py and are measured, and the judgement reads
+    the records. The stand-in prints no NCCL lines, so on two "nodes" the network is unknown: a warn."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**clean_env(tmp_path), "PYTHONPATH": f"{root / 'tests' / 'runtime' / 'cpu_cupy'}{os.pathsep}{root}"}
+    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "2", sys.executable, "-c",
+                           PROBE_ON_STAND_IN, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    records = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    assert records[0]["gpu"]["device_buffers"] and records[0]["gpu"]["backend"] == "nccl", records[0]["gpu"]
+    assert records[0]["gpu"]["nccl_reported"] == []
+    links = records[0]["links"]
+    assert [p["bytes"] for p in links["allreduce_device"]] == [4096, 16384, 65536]
+    assert all(p["bus_gbps"] > 0 for p in links["allreduce_device"])
+    checks = {c.name: c for c in sitecheck._link_checks(sandbox, links, None)}
+    assert checks["links.allreduce_device"].status == "pass"
+    request = sitecheck.Request(nodes=2, tasks_per_node=1, gpus_per_node=1)
+    nccl = next(c for c in sitecheck._interconnect_checks(sandbox, request, records) if c.name == "interconnect.nccl")
+    assert nccl.status == "warn" and "printed no 'Using network' line" in nccl.evidence
