@@ -74,6 +74,8 @@ def test_pending_reasons_expected_start_and_ctrl_c_leave_the_job_queued(slurm_cl
         assert f"job {waiting} goes on" in rest[1] and f"hpcvod cancel {waiting_dir}" in rest[1], rest
         assert slurm_cluster.state(waiting) == "PENDING"  # still queued: waiting stopped, not the job
 
+        # the blocker has served its purpose: ending it lets the other two run now instead of in two minutes
+        run(["scancel", blocker], timeout=30)
         dependent = hpcvod("status", "--wait", after, cwd=tmp_path, timeout=200)
         assert dependent.returncode == 0, dependent.stdout + dependent.stderr
         lines = dependent.stderr.splitlines()
@@ -81,7 +83,7 @@ def test_pending_reasons_expected_start_and_ctrl_c_leave_the_job_queued(slurm_cl
 
         table = hpcvod("jobs", "--json", cwd=tmp_path)
         rows = {row["job_id"]: row for row in json.loads(table.stdout)}
-        assert {rows[j]["state"] for j in (blocker, waiting, after)} == {"COMPLETED"}, rows
+        assert [rows[j]["state"] for j in (blocker, waiting, after)] == ["CANCELLED", "COMPLETED", "COMPLETED"], rows
         assert all(rows[j]["site"] == "slurm-sandbox" and rows[j]["elapsed_seconds"] is not None
                    for j in (blocker, waiting, after)), rows
         assert [row["job_id"] for row in json.loads(table.stdout)][:3] == [after, waiting, blocker]
