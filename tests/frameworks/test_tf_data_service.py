@@ -54,6 +54,7 @@ def test_distributed_epoch_gives_every_element_to_exactly_one_rank(tmp_path: Pat
     everything = sorted(seen[0] + seen[1])
     assert everything == [3 * i for i in range(200)], "each element once, over both ranks"
     assert code == 0, log[-3000:]
+    assert log.count("warning: the tf.data service has no authentication") == 1, log[-3000:]   # rank 0, once
 
 
 def test_training_side_dispatchers_one_per_rank_give_each_rank_the_whole_dataset(tmp_path: Path) -> None:

@@ -269,6 +269,12 @@ def serve(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int
     group.barrier()                              # every server listens: the config may go out
     if rank == 0 and dispatcher_side == "compute":
         config.write(str(path))
+    if rank == 0:
+        # TensorFlow's servers take no credentials: say so where the user sees it, not only in the docs
+        print(f"hpcvod compute_worker: warning: the tf.data service has no authentication: any process that can "
+              f"reach its ports ({', '.join(addresses) or 'the training side'} and each worker's) can read this "
+              f"job's data and run its own tf.data graphs in it, as you; use it only on a network you trust "
+              f"(docs/data-service.md)", file=sys.stderr, flush=True)
     # DispatchServer.join() blocks in C++ (no signal handler would run): poll the shutdown marker instead
     while not (folder / "shutdown").exists():
         if rank == 0:
