@@ -95,12 +95,31 @@ def assert_session_ends(sid: int, timeout: float = 20) -> None:
     assert not left, f"processes left behind by the Spark job: {left}"
 
 
+def jvm_listeners(sid: int) -> list[str]:
+    """The local addresses on which the Spark job's JVM listens for TCP connections (``ss``, this machine)."""
+    import re
+
+    pids = {pid for pid, (_, cmd) in session_processes(sid).items() if "java" in cmd.split(" ", 1)[0]}
+    table = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+    return [line.split()[3] for line in table.splitlines()
+            if pids & {int(p) for p in re.findall(r"pid=(\d+)", line)}]
+
+
 @pytest.mark.timeout(240)
 def test_spark_compute_job_gives_every_element_to_exactly_one_training_rank(tmp_path: Path) -> None:
     require_framework("tensorflow")
     require_spark()
     config = tmp_path / "service.json"
     spark = start_spark(config, "local[2]")
+    deadline = time.monotonic() + 120
+    while not config.exists() and spark.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert config.exists(), "the Spark compute job wrote no config"
+    # local[N]: the JVM's RPC and block manager on loopback only, no web UI (Spark binds the host's address and
+    # *:4040 by default); TensorFlow's own servers, in the Python tasks, are not the JVM's (docs/data-service.md)
+    listening = jvm_listeners(spark.pid)
+    assert listening and all(a.rsplit(":", 1)[0].strip("[]") in ("127.0.0.1", "::ffff:127.0.0.1") for a in listening), \
+        listening
     code, log = finish(train(config, "shared", tmp_path / "seen.json"), 180, "the training job")
     spark_code, spark_log = finish(spark, 60, "the Spark compute job after the training side's shutdown")
     assert code == 0, log[-4000:]

@@ -30,6 +30,17 @@ BARRIER_CHECK = {"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s
                  "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3"}
 
 
+def local_listeners() -> dict[str, str]:
+    """Spark settings for ``local[N]``, where driver and executors are this one JVM: its RPC and block manager
+    listen on the loopback interface only (Spark binds the host's address by default), with a fresh shared secret
+    (other users of the node can reach loopback too), and no web UI (port 4040 on every interface, no login).
+    A user's own setting of any of them wins; on a real Spark cluster they are the cluster's business."""
+    import secrets
+
+    return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false",
+            "spark.authenticate": "true", "spark.authenticate.secret": secrets.token_hex(32)}
+
+
 def barrier_task(config_path: str, dispatchers: int, dispatcher_side: str,
                  timeout: int) -> Callable[[Iterator[int]], Iterator[int]]:
     """The function every barrier task runs (pickled to the executors by reference: this module)."""
@@ -78,6 +89,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     conf.setIfMissing("spark.master", "local[*]")    # `python -m ...` without spark-submit: this machine's cores
     for key, value in BARRIER_CHECK.items():
         conf.setIfMissing(key, value)
+    if conf.get("spark.master", "local").startswith("local"):
+        for key, value in local_listeners().items():
+            conf.setIfMissing(key, value)
     # local mode: the tasks' Python is the driver's (it has hpcvod and TensorFlow) unless the user chose one
     conf.setIfMissing("spark.pyspark.python", sys.executable)
     conf.setIfMissing("spark.log.level", "WARN")
