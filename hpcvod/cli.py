@@ -230,19 +230,10 @@ def _job_spec(args: argparse.Namespace, program: list[str]):
 
 
 def _data_service_spec(args: argparse.Namespace):  # -> DataServiceSpec | None
-    from hpcvod.jobs.spec import DataServiceSpec
+    from hpcvod.jobs.spec import DATA_SERVICE_OPTIONS, data_service_spec
 
-    if args.data_service_nodes is None:
-        given = [f"--{name.replace('_', '-')}" for name in ("data_service_partition", "data_service_tasks_per_node",
-                                                              "data_service_dispatchers", "data_service_dispatcher_side")
-                 if getattr(args, name) is not None]
-        if given:
-            raise UserError(f"{given[0]}: goes with --data-service-nodes N (the compute job's nodes)")
-        return None
-    return DataServiceSpec(nodes=args.data_service_nodes, partition=args.data_service_partition,
-                           tasks_per_node=args.data_service_tasks_per_node,
-                           dispatchers=1 if args.data_service_dispatchers is None else args.data_service_dispatchers,
-                           dispatcher_side=args.data_service_dispatcher_side or "compute")
+    return data_service_spec({name: getattr(args, name) for name in ("data_service_nodes", *DATA_SERVICE_OPTIONS)},
+                             spell=lambda name: f"--{name.replace('_', '-')}")
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):

@@ -33,7 +33,7 @@ from pathlib import Path
 from submitit.core import core, utils
 
 from hpcvod.jobs.jobdir import JobRef, ensure_root
-from hpcvod.jobs.spec import JobSpec
+from hpcvod.jobs.spec import DATA_SERVICE_OPTIONS, JobSpec, data_service_spec
 from hpcvod.jobs.submission import cancel_job, job_status, prepare, refuse_another_mpi, submit_prepared
 from hpcvod.jobs.watch import wait_for
 from hpcvod.launchers.host import detect_host
@@ -47,7 +47,8 @@ from hpcvod.sites.loader import Site, discover_site
 WORKER = Path(__file__).resolve().parent / "submitit_worker.py"
 # the job options (exclusive, mem, qos, dependency...) by their field names in hpcvod/sites/joboptions.py
 PARAMETERS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account",
-              "job_name", "env", "container", "secret_env", "shared_job_dir", *option_names())
+              "job_name", "env", "container", "secret_env", "shared_job_dir", *option_names(), "data_service_nodes",
+              *DATA_SERVICE_OPTIONS)
 RESULT_GRACE_SECONDS = 15  # a shared file system may show the result pickle a little after the job ended
 
 
@@ -146,8 +147,11 @@ class HpcvodExecutor(core.PicklingExecutor):
     process's environment at submit time; only the names are written), shared_job_dir (True: the job folder
     is readable by the group; default: the site's jobs.shared_with_group, else owner only), and the scheduler
     options of ``hpcvod submit`` by their names: exclusive, mem, mem_per_gpu, constraint, qos, reservation,
-    nodelist, exclude, begin, mail_type, mail_user, dependency, sched_opt (a list) (docs/submission.md). ``array``
-    is refused: one call is one job here (``executor.batch()`` submits several).
+    nodelist, exclude, begin, mail_type, mail_user, dependency, sched_opt (a list) (docs/submission.md), and a
+    tf.data service compute job beside the call's ranks: data_service_nodes, data_service_partition,
+    data_service_tasks_per_node, data_service_dispatchers, data_service_dispatcher_side (docs/data-service.md; the
+    call finds the config in $HPCVOD_DATA_SERVICE_CONFIG). ``array`` is refused: one call is one job here
+    (``executor.batch()`` submits several).
     """
 
     job_class = HpcvodJob
@@ -188,8 +192,10 @@ class HpcvodExecutor(core.PicklingExecutor):
             raise UserError("array: the Python API runs one call per job and keeps one result; submit several "
                             "calls with executor.batch(), or a script with `hpcvod submit --array`")
         options = job_options({name: params.pop(name, None) for name in option_names()})
+        data_service = data_service_spec({name: params.pop(name, None)
+                                          for name in ("data_service_nodes", *DATA_SERVICE_OPTIONS)})
         return JobSpec(program=str(WORKER), env=tuple((str(k), str(v)) for k, v in env.items()),
-                       secret_env=tuple(secret_env), options=options, **params)
+                       secret_env=tuple(secret_env), options=options, data_service=data_service, **params)
 
     def _prepared(self):
         return prepare(self._spec(), self.site, self.host, command=("hpcvod.jobs.python_api", self.site.name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from hpcvod.launchers.shell import ENV_KEY, parse_env
 from hpcvod.sites.errors import UserError
@@ -23,6 +24,27 @@ class DataServiceSpec:
     tasks_per_node: int | None = None  # default 1: one tf.data worker per node, with all its cores
     dispatchers: int = 1
     dispatcher_side: str = "compute"
+
+
+# the settings that go with data_service_nodes (CLI: --data-service-..., Python API: keyword arguments)
+DATA_SERVICE_OPTIONS = ("data_service_partition", "data_service_tasks_per_node", "data_service_dispatchers",
+                        "data_service_dispatcher_side")
+
+
+def data_service_spec(values: dict[str, Any], spell: Callable[[str], str] = str) -> DataServiceSpec | None:
+    """The DataServiceSpec of ``values`` (``data_service_nodes`` and DATA_SERVICE_OPTIONS, None where not given);
+    None without ``data_service_nodes``, where any of the others is a usage error (``spell`` names an option as
+    the user wrote it). The numbers themselves are checked against the site when the job is planned."""
+    if values.get("data_service_nodes") is None:
+        given = [name for name in DATA_SERVICE_OPTIONS if values.get(name) is not None]
+        if given:
+            raise UserError(f"{spell(given[0])}: goes with {spell('data_service_nodes')} N (the compute job's nodes)")
+        return None
+    dispatchers = values.get("data_service_dispatchers")
+    return DataServiceSpec(nodes=values["data_service_nodes"], partition=values.get("data_service_partition"),
+                           tasks_per_node=values.get("data_service_tasks_per_node"),
+                           dispatchers=1 if dispatchers is None else dispatchers,
+                           dispatcher_side=values.get("data_service_dispatcher_side") or "compute")
 
 
 @dataclass(frozen=True)

@@ -103,3 +103,35 @@ def test_executor_takes_the_scheduler_options_by_name():
         HpcvodExecutor(site="pbs-ib-openmpi", qos="high")._num_tasks()
     with pytest.raises(UserError, match=r"^array: the Python API runs one call per job"):
         HpcvodExecutor(site="slurm-ib-openmpi", array="0-3")._num_tasks()
+
+
+def test_a_call_with_a_data_service_compute_job_beside_it(tmp_path):
+    """The Python API takes `hpcvod submit --data-service-nodes` by keyword: on the local site the compute job runs
+    here beside the call's 2 ranks; every element reaches one rank once, and the compute job is ended."""
+    pytest.importorskip("tensorflow")
+
+    def consume_from_the_data_service(elements):
+        """Runs on every training rank: the compute job's config from $HPCVOD_DATA_SERVICE_CONFIG, a finite dataset
+        with distributed_epoch, what this rank saw; rank 0 ends the compute job."""
+        import tensorflow as tf
+
+        import hpcvod.tensorflow as hvd
+        from hpcvod.tensorflow.data.compute_service import TfDataServiceConfig
+
+        hvd.init()
+        config = TfDataServiceConfig.read(os.environ["HPCVOD_DATA_SERVICE_CONFIG"], wait_for_file_creation=True,
+                                          timeout=120)
+        dataset = tf.data.Dataset.range(elements).map(lambda x: x * 3)
+        seen = [int(x) for x in dataset.send_to_data_service(config, hvd.rank(), hvd.size(), reuse_dataset=True)]
+        hvd.barrier()
+        if hvd.rank() == 0:
+            config.shutdown()
+        return seen
+
+    job = hpcvod.jobs.submit(consume_from_the_data_service, 120, site="local", tasks_per_node=2,
+                             data_service_nodes=1, folder=tmp_path / "jobs")
+    seen = job.results()
+    assert sorted(seen[0] + seen[1]) == [3 * i for i in range(120)]
+    assert "Shut down WorkerServer" in (job.job_dir / "data-service.log").read_text()
+    with pytest.raises(UserError, match=r"^data_service_dispatchers: goes with data_service_nodes N"):
+        HpcvodExecutor(site="local", data_service_dispatchers=2)._num_tasks()
