@@ -17,7 +17,7 @@ from hpcvod.frameworks.tensorflow.mpi_ops import (
 
 def _eager_broadcast_group(values: Sequence[tf.Tensor], root_rank: int, ps: Any) -> list[tf.Tensor]:
     """One in-place broadcast per dtype over a packed buffer of every value; GPU values broadcast on the device."""
-    if all(_on_gpu(v) and v.shape.num_elements() for v in values):
+    if all(_on_gpu(v) for v in values):
         handles = [rt.broadcast_async(_device_in(v), root_rank, process_set=ps) for v in values]
         return [_tensor_out(rt.synchronize(h), v.dtype) for h, v in zip(handles, values)]
     arrays = [_numpy_in(v) for v in values]

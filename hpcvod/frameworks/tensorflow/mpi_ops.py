@@ -46,8 +46,9 @@ _WIDENED = {tf.bfloat16: tf.float32}
 
 # ---------------------------------------------------------------------------------------------- tensor <-> NumPy
 def _on_gpu(t: Any) -> bool:
-    """A GPU tensor the runtime takes as it is (DLPack to CuPy, collectives on NCCL): needs CuPy here."""
-    return "GPU" in getattr(t, "device", "") and gpu.probe()[0] is not None
+    """A non-empty GPU tensor the runtime takes as it is (DLPack to CuPy, collectives on NCCL): needs CuPy here.
+    An empty one (or one of unknown shape) takes the host path, bfloat16 widened, like a CPU tensor."""
+    return "GPU" in getattr(t, "device", "") and bool(t.shape.num_elements()) and gpu.probe()[0] is not None
 
 
 def _device_in(t: tf.Tensor) -> Any:
@@ -58,7 +59,7 @@ def _device_in(t: tf.Tensor) -> Any:
 def _runtime_in(tensor: Any) -> Any:
     """What a collective that does not write into its input gets: a GPU tensor as it is, else a NumPy view."""
     t = tf.convert_to_tensor(tensor)
-    return _device_in(t) if t.shape.num_elements() and _on_gpu(t) else _numpy_in(t)
+    return _device_in(t) if _on_gpu(t) else _numpy_in(t)
 
 
 def _numpy_in(tensor: Any) -> np.ndarray:
@@ -243,7 +244,7 @@ def _narrow(tensor: tf.Tensor, dtype: tf.DType | None) -> tf.Tensor:
 
 # ---------------------------------------------------------------------------------------------- eager bodies
 def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
-    if _on_gpu(t) and t.shape.num_elements():
+    if _on_gpu(t):
         return _tensor_out(rt.allreduce(_device_in(t), name=name, op=op, prescale_factor=pre,
                                         postscale_factor=post, process_set=ps), t.dtype)
     buf = _aligned_copy(t)
@@ -255,7 +256,7 @@ def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op:
                              ps: Any) -> list[tf.Tensor]:
     """One in-place allreduce per dtype over a packed aligned buffer; results are views of it. GPU tensors: one
     grouped allreduce on the device (the runtime fuses it)."""
-    if all(_on_gpu(t) and t.shape.num_elements() for t in tensors):
+    if all(_on_gpu(t) for t in tensors):
         outs = rt.grouped_allreduce([_device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
                                     postscale_factor=post, process_set=ps)
         return [_tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
@@ -279,7 +280,7 @@ def _eager_allgather(t: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
 
 
 def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
-    if _on_gpu(t) and t.shape.num_elements():
+    if _on_gpu(t):
         return _tensor_out(rt.broadcast(_device_in(t), root_rank, name=name, process_set=ps), t.dtype)
     buf = _aligned_copy(t)
     rt.broadcast_(buf, root_rank, name=name, process_set=ps)
