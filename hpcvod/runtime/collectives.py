@@ -20,7 +20,9 @@ from . import context, gpu
 from . import handles as K
 from .compression import Compression, Compressor
 from .engine import Lane, dumps, loads
-from .tables import ADASUM, AVERAGE, BFLOAT16, MAX, MIN, PRODUCT, SUM, check_dtype, mpi_reduce_op, mpi_type
+from .tables import (
+    ADASUM, AVERAGE, BFLOAT16, MAX, MIN, PRODUCT, SUM, arithmetic_dtype, check_dtype, mpi_reduce_op, mpi_type,
+)
 from .errors import HpcvodInputError, HpcvodNotInitializedError
 from .handles import GroupHandle, Handle
 from .process_sets import ProcessSet, global_process_set
@@ -232,8 +234,7 @@ def _device_allreduce_handle(lane: Lane, tensor: Any, average: Optional[bool], n
     d = _device_view(tensor, in_place, "allreduce")
     elem = _element(tensor, d)
     op = _resolve_op(op, average)
-    # the plan is for staging through host memory, where bfloat16 words are reduced as float32
-    plan = _reduction_plan(np.dtype(np.float32) if elem is BFLOAT16 else d.dtype, op)
+    plan = _reduction_plan(arithmetic_dtype(elem), op)   # for staging through host memory
     pre, post = float(prescale_factor), float(postscale_factor)
     output = d if in_place else (_device_out(out, d, "allreduce") if out is not None else None)
     sig = (K.ALLREDUCE, elem, d.shape, op, pre, post, K.DEVICE)

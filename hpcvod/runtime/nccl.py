@@ -31,7 +31,7 @@ from . import handles as K
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
 from .tables import (
-    MAX, MIN, NCCL_BFLOAT16, NCCL_OPS, NCCL_TYPES, SUM, bfloat16_narrow, bfloat16_widen, element_name, is_bfloat16,
+    MAX, MIN, NCCL_BFLOAT16, NCCL_OPS, NCCL_TYPES, SUM, arithmetic_dtype, bfloat16_narrow, bfloat16_widen, element_name, is_bfloat16,
     mpi_reduce_op, mpi_type, scale_on_device,
 )
 
@@ -260,9 +260,9 @@ class DeviceOps:
         counts = self._host_counts([a.shape[0] for a in sends])        # (members, requests)
         outs = []
         comm = self.comm
-        for h, a in zip(hs, sends):
+        for k, (h, a) in enumerate(zip(hs, sends)):
             with self._stream(h.stream):
-                outs.append(cp.empty((int(counts[:, len(outs)].sum()),) + a.shape[1:], a.dtype))
+                outs.append(cp.empty((int(counts[:, k].sum()),) + a.shape[1:], a.dtype))
         nccl.groupStart()
         for k, (h, a, out) in enumerate(zip(hs, sends, outs)):
             rows = counts[:, k]
@@ -375,7 +375,7 @@ class DeviceOps:
         if widened:
             proxy.tensor = bfloat16_widen(np, proxy.tensor)
             proxy.mpi_type = mpi_type(proxy.tensor.dtype)
-            proxy.mpi_op = mpi_reduce_op(h.sig[3], proxy.tensor.dtype)
+            proxy.mpi_op = mpi_reduce_op(h.sig[3], arithmetic_dtype(h.sig[1]))
         proxy.output = proxy.tensor if in_place else None
         proxy.device = False
         proxy.done = False

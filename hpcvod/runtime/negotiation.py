@@ -24,7 +24,7 @@ from mpi4py import MPI
 from . import handles as K
 from .errors import HpcvodInputError, HpcvodMismatchError, first_of
 from .handles import Handle
-from .tables import AVERAGE, describe_sig, identity_fill, is_bfloat16, mpi_reduce_op, mpi_type
+from .tables import AVERAGE, arithmetic_dtype, describe_sig, identity_fill, is_bfloat16, mpi_reduce_op, mpi_type
 from .timeline import NEGOTIATE
 
 # Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
@@ -386,7 +386,7 @@ class Negotiation:
         if dt is not None:
             h.mpi_type = mpi_type(dt)
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            h.mpi_op = mpi_reduce_op(sig[3], np.dtype(np.float32) if is_bfloat16(elem) else dt)
+            h.mpi_op = mpi_reduce_op(sig[3], arithmetic_dtype(elem))
             h.prescale = sig[4]
             h.postscale = sig[5] / self.size if sig[3] == AVERAGE else sig[5]
         elif kind == K.BROADCAST:

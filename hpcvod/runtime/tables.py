@@ -101,6 +101,12 @@ def is_bfloat16(elem: Any) -> bool:
     return isinstance(elem, str) and elem == BFLOAT16
 
 
+def arithmetic_dtype(elem: Any) -> np.dtype:
+    """The dtype the host's MPI reduction of a signature's element type works in: float32 for bfloat16 words
+    (staged: widened first), the element type itself otherwise."""
+    return np.dtype(np.float32) if is_bfloat16(elem) else np.dtype(elem)
+
+
 def bfloat16_widen(xp: Any, words: Any) -> Any:
     """float32 values of bfloat16 ``words`` (int16 or uint16, NumPy or CuPy ``xp``): exact."""
     return (words.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
