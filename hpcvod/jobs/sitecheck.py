@@ -739,13 +739,12 @@ def render_table(checks: list[Check]) -> str:
 def render_links(links: Optional[dict[str, Any]]) -> str:
     if not links:
         return ""
-    rows = ["| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|"]
-    rows += [f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |"
-             for p in links["allreduce"]]
+    def allreduce_table(points: list[dict]) -> list[str]:
+        return ["| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|",
+                *(f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |" for p in points)]
+    rows = allreduce_table(links["allreduce"])
     if links.get("allreduce_device"):
-        rows += ["", "device buffers:", "", "| size | allreduce bus Gbit/s | allreduce ms |", "|---:|---:|---:|"]
-        rows += [f"| {p['bytes'] // 1024} KiB | {p['bus_gbps']:.3f} | {p['seconds'] * 1e3:.3f} |"
-                 for p in links["allreduce_device"]]
+        rows += ["", "device buffers:", "", *allreduce_table(links["allreduce_device"])]
     for path in ("intra_node", "inter_node"):
         if links.get(path):
             rows += ["", f"{path.replace('_', '-')} point-to-point (rank 0 <-> {links[path]['peer']}): latency "
