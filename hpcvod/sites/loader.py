@@ -129,6 +129,12 @@ def _check_shape(text: str, path: Path) -> None:
                                     f"inside the node it names: expected an alias to an earlier, complete node")
                 close(None, *anchored[event.anchor], event.start_mark)
     except yaml.YAMLError as err:
+        if "nesting depth" in str(getattr(err, "problem", None) or ""):
+            # PyYAML >= 6.0.4 has its own limit (1000), which its scanner, reading flow collections ahead of the
+            # events, can reach before the check above sees level 65: the same file, the same answer
+            mark = getattr(err, "problem_mark", None)
+            raise UserError(f"{path}{f':{mark.line + 1}' if mark else ''}: nested more than {MAX_DEPTH} levels "
+                            f"deep: expected a site profile") from None
         raise _yaml_error(path, err) from None
 
 
