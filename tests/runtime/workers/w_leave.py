@@ -32,6 +32,8 @@ def main() -> int:
             hvd.allreduce(np.ones(10), name="grad")
     except hvd.HpcvodShutdownError as exc:
         print(f"rank {rank} got HpcvodShutdownError: {exc}", flush=True)
+        # Intel MPI's Hydra kills every rank once one fails: stay a moment so that a slower rank prints its own
+        time.sleep(5.0)
         raise
     print(f"rank {rank}: the loop ended, which it never should", flush=True)
     return 0
