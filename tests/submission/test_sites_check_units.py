@@ -231,8 +231,6 @@ def test_tcp_transport_is_read_from_the_settings(settings, tcp) -> None:
 
 
 def test_a_profile_saying_infiniband_with_mpi_on_tcp_fails(sandbox) -> None:
-    import dataclasses
-
     ranks = [record(r, "n1" if r < 2 else "n2", transport={"settings": {"FI_PROVIDER": "tcp"}, "device": "ch4:ofi"})
              for r in range(4)]
     request = sitecheck.Request(nodes=2, tasks_per_node=2)
@@ -317,6 +315,21 @@ def test_a_socket_ifname_missing_on_a_node_fails_naming_it_and_the_node(sandbox)
                               "interfaces: eth0, lo)")
     ok = sitecheck._interfaces_check(sandbox, ranks(["eth0", "ib0"]))
     assert ok.status == "pass" and "present on n1, n2" in ok.evidence
+
+
+def test_ranks_that_left_no_interfaces_record_are_named_not_counted_as_checked(sandbox) -> None:
+    # a launcher that kills the step once one rank aborts in MPI_Init can end a slower rank before it looks
+    only_n1 = [record(0, "n1", interface_settings={"FI_TCP_IFACE": "ib0"}, interfaces={"net": ["eth0"], "ib": []})]
+    check = sitecheck._interfaces_check(sandbox, only_n1, [1])
+    assert check.status == "fail"
+    assert check.evidence == ("FI_TCP_IFACE=ib0: no ib0 on n1 (n1 has interfaces: eth0); rank 1 ended before "
+                              "recording its interfaces")
+    present = [record(0, "n1", interface_settings={"FI_TCP_IFACE": "eth0"}, interfaces={"net": ["eth0"], "ib": []})]
+    check = sitecheck._interfaces_check(sandbox, present, [1, 3])
+    assert check.status == "pass"
+    assert check.evidence == "FI_TCP_IFACE=eth0: present on n1; ranks 1, 3 ended before recording their interfaces"
+    nobody = sitecheck._interfaces_check(sandbox, [], [0, 1])
+    assert nobody.status == "skip" and nobody.evidence == "no rank got as far as recording its interfaces"
 
 
 def test_container_check(sandbox) -> None:
@@ -511,6 +524,21 @@ def test_a_rank_that_ended_inside_the_mpi_is_told_by_its_early_record_and_its_lo
     assert records[0]["init_error"] == ("rank 0 on n1 ended inside the MPI without a Python error; 0.mpi.log ends: "
                                         "Abort(1): Fatal error / OFI call ep_enable failed")
     assert ENDED_IN_MPI not in records[0] and "init_error" not in records[1] and records[2] is None
+
+
+def test_the_rank_whose_mpi_said_why_is_the_evidence_not_one_killed_silently(tmp_path: Path, sandbox) -> None:
+    # rank 0 was killed by the launcher before its MPI printed anything; rank 1's MPI said why it aborted
+    from hpcvod.runtime.sitecheck import ENDED_IN_MPI
+
+    (tmp_path / "sitecheck").mkdir()
+    for rank in (0, 1):
+        (tmp_path / "sitecheck" / f"{rank}.json").write_text(json.dumps({**record(rank, "n1"), ENDED_IN_MPI: True}))
+    (tmp_path / "sitecheck" / "0.mpi.log").write_text("")
+    (tmp_path / "sitecheck" / "1.mpi.log").write_text("Abort(1): Fatal error\nOFI call ep_enable failed\n")
+    records, _ = sitecheck.read_records(tmp_path, 4, tmp_path / "output.log")
+    checks = sitecheck._world_checks(sandbox, sitecheck.Request(nodes=2, tasks_per_node=2), records)
+    assert checks[0].evidence == ("hvd.init() failed: rank 1 on n1 ended inside the MPI without a Python error; "
+                                  "1.mpi.log ends: Abort(1): Fatal error / OFI call ep_enable failed")
 
 
 # NCCL's own INFO lines, as NCCL 2.4 to 2.19 print them in public logs (NVIDIA/nccl issues 676, 1357, 1412; nccl-tests
