@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.jobs import sitecheck
+from hpcvod.jobs import scaling, sitecheck
 from hpcvod.jobs.png import COLOURS, line_plot
 from hpcvod.schedulers import profile_options
 from hpcvod.sites import UserError, load_site
@@ -352,13 +352,13 @@ def test_container_check(sandbox) -> None:
 
 
 def test_alpha_beta_projection() -> None:
-    link = sitecheck.Link(alpha=1e-5, beta=1e9)   # 10 us, 1 GB/s
+    link = scaling.Link(alpha=1e-5, beta=1e9)   # 10 us, 1 GB/s
     # ring of 4: 6 latencies + 1.5 x the data over the link
-    assert sitecheck.ring_seconds(1e9, 4, link) == pytest.approx(6e-5 + 1.5)
-    assert sitecheck.ring_seconds(1e9, 1, link) == 0.0
+    assert scaling.ring_seconds(1e9, 4, link) == pytest.approx(6e-5 + 1.5)
+    assert scaling.ring_seconds(1e9, 1, link) == 0.0
     figures = {"intra_node.latency_us": 1.0, "intra_node.gbps": 80.0, "inter_node.latency_us": 10.0,
                "inter_node.gbps": 8.0}
-    rows = sitecheck.projection(figures, [100.0], per_node=4, max_nodes=8, step_ms=100.0)
+    rows = scaling.projection(figures, [100.0], per_node=4, max_nodes=8, step_ms=100.0)
     assert [r["nodes"] for r in rows] == [1, 2, 4, 8] and [r["ranks"] for r in rows] == [4, 8, 16, 32]
     one, two = rows[0], rows[1]
     # one node: both algorithms are the intra-node ring; 100 MiB x 1.5 / 10 GB/s
@@ -368,32 +368,31 @@ def test_alpha_beta_projection() -> None:
     assert two["hierarchical_ms"] < two["ring_ms"]
     assert two["ring_efficiency"] == pytest.approx(100 / (100 + two["ring_ms"]))
     assert all(a["ring_ms"] <= b["ring_ms"] for a, b in zip(rows, rows[1:]))
-    assert sitecheck.projection({"intra_node.latency_us": 1.0, "intra_node.gbps": 1.0}, [1.0], 2, 4, 1.0) == []
-    assert "| 2 | 8 | 100 |" in sitecheck.render_projection(rows, 100.0)
+    assert scaling.projection({"intra_node.latency_us": 1.0, "intra_node.gbps": 1.0}, [1.0], 2, 4, 1.0) == []
+    assert "| 2 | 8 | 100 |" in scaling.render_projection(rows, 100.0)
 
 
 @pytest.mark.parametrize("text", ["", "0", "-1,5", "1,,2", "big", "inf"])
 def test_model_mib_bad_values(text) -> None:
     with pytest.raises(UserError, match=r"--model-mib .*: expected sizes in MiB separated by commas"):
-        sitecheck.parse_model_mib(text)
-    assert sitecheck.parse_model_mib("100,500") == (100.0, 500.0)
+        scaling.parse_model_mib(text)
+    assert scaling.parse_model_mib("100,500") == (100.0, 500.0)
 
 
 def test_model_is_checked_against_the_jobs_own_allreduce() -> None:
-    request = sitecheck.Request(nodes=2, tasks_per_node=2)
-    check = sitecheck.model_check(LINKS, request)
+    check = scaling.model_check(sitecheck.link_figures(LINKS), LINKS["allreduce"], nodes=2, per_node=2)
     # 64 KiB over 4 ranks: ring paced by the inter-node link (50 us, 2 Gbit/s); hierarchical adds the intra ring
-    inter, intra = sitecheck.Link(50e-6, 2e9 / 8), sitecheck.Link(10e-6, 5e9 / 8)
-    assert check["ring_ms"] == pytest.approx(sitecheck.ring_seconds(65536, 4, inter) * 1e3)
+    inter, intra = scaling.Link(50e-6, 2e9 / 8), scaling.Link(10e-6, 5e9 / 8)
+    assert check["ring_ms"] == pytest.approx(scaling.ring_seconds(65536, 4, inter) * 1e3)
     assert check["hierarchical_ms"] == pytest.approx(
-        (sitecheck.ring_seconds(65536, 2, intra) + sitecheck.ring_seconds(65536, 2, inter)) * 1e3)
+        (scaling.ring_seconds(65536, 2, intra) + scaling.ring_seconds(65536, 2, inter)) * 1e3)
     assert check["measured_ms"] == pytest.approx(2.0)
     assert check["ring_error"] == pytest.approx(check["ring_ms"] / 2.0 - 1)
-    assert "measured 2.0 ms; ring model" in sitecheck.render_model_check(check)
+    assert "measured 2.0 ms; ring model" in scaling.render_model_check(check)
     # every measured size, not only the largest
     assert [p["bytes"] for p in check["points"]] == [4096, 65536]
     assert check["points"][0]["measured_ms"] == pytest.approx(1.0)
-    assert check["points"][0]["ring_ms"] == pytest.approx(sitecheck.ring_seconds(4096, 4, inter) * 1e3)
+    assert check["points"][0]["ring_ms"] == pytest.approx(scaling.ring_seconds(4096, 4, inter) * 1e3)
 
 
 # Horovod's published scaling (docs/benchmarks.rst): 128 servers x 4 P100, 25 Gbit/s RoCE, tf_cnn_benchmarks,
@@ -411,7 +410,7 @@ HOROVOD_PUBLISHED = [("ResNet-101", 44.5e6, 64 / RESNET101_IMAGES_S, 0.90), ("In
 def test_projection_against_horovods_published_scaling(name, parameters, step_s, published) -> None:
     mib = parameters * 4 / 2**20
     def at_512_gpus(overlap):
-        row = sitecheck.projection(HOROVOD_LINKS, [mib], per_node=4, max_nodes=128, step_ms=step_s * 1e3,
+        row = scaling.projection(HOROVOD_LINKS, [mib], per_node=4, max_nodes=128, step_ms=step_s * 1e3,
                                    overlap=overlap)[-1]
         assert (row["nodes"], row["ranks"]) == (128, 512)
         return row["ring_efficiency"]
@@ -422,10 +421,10 @@ def test_projection_against_horovods_published_scaling(name, parameters, step_s,
 
 
 def test_overlap_hides_part_of_the_allreduce() -> None:
-    assert sitecheck.efficiency(100.0, 100.0) == pytest.approx(0.5)
-    assert sitecheck.efficiency(100.0, 100.0, overlap=0.5) == pytest.approx(100 / 150)
-    rows = sitecheck.projection(HOROVOD_LINKS, [100.0], 4, 2, 100.0, overlap=0.5)
-    assert "50% of the allreduce hidden behind it" in sitecheck.render_projection(rows, 100.0, 0.5)
+    assert scaling.efficiency(100.0, 100.0) == pytest.approx(0.5)
+    assert scaling.efficiency(100.0, 100.0, overlap=0.5) == pytest.approx(100 / 150)
+    rows = scaling.projection(HOROVOD_LINKS, [100.0], 4, 2, 100.0, overlap=0.5)
+    assert "50% of the allreduce hidden behind it" in scaling.render_projection(rows, 100.0, 0.5)
 
 
 def test_model_file_gives_the_gradient_size(tmp_path: Path) -> None:
@@ -437,25 +436,25 @@ def test_model_file_gives_the_gradient_size(tmp_path: Path) -> None:
     torch.save({"epoch": 3, "model_state_dict": model.state_dict(), "optimizer": {}}, tmp_path / "checkpoint.pt")
     torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")
     for name in ("state.pt", "checkpoint.pt", "scripted.pt"):
-        assert sitecheck.model_gradient_mib(str(tmp_path / name)) == (pytest.approx(nbytes / 2**20), parameters)
+        assert scaling.model_gradient_mib(str(tmp_path / name)) == (pytest.approx(nbytes / 2**20), parameters)
     torch.save(model, tmp_path / "pickled.pt")
     with pytest.raises(UserError, match=r"pickled.pt: a pickled torch.nn.modules.container.Sequential, which this check does not unpickle"):
-        sitecheck.model_gradient_mib(str(tmp_path / "pickled.pt"))
+        scaling.model_gradient_mib(str(tmp_path / "pickled.pt"))
     torch.save({"epoch": 3}, tmp_path / "empty.pt")
     with pytest.raises(UserError, match=r"empty.pt: no state_dict in it \(found epoch; expected"):
-        sitecheck.model_gradient_mib(str(tmp_path / "empty.pt"))
+        scaling.model_gradient_mib(str(tmp_path / "empty.pt"))
     (tmp_path / "text.pt").write_text("not a model")
     with pytest.raises(UserError, match=r"text.pt: not a torch file"):
-        sitecheck.model_gradient_mib(str(tmp_path / "text.pt"))
+        scaling.model_gradient_mib(str(tmp_path / "text.pt"))
     with pytest.raises(UserError, match=r"--model .*nosuch.pt: no such file"):
-        sitecheck.model_gradient_mib(str(tmp_path / "nosuch.pt"))
+        scaling.model_gradient_mib(str(tmp_path / "nosuch.pt"))
 
 
 def test_model_file_without_torch_is_one_clear_line(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "m.pt").write_bytes(b"x")
     monkeypatch.setitem(__import__("sys").modules, "torch", None)   # `import torch` raises ImportError
     with pytest.raises(UserError) as err:
-        sitecheck.model_gradient_mib(str(tmp_path / "m.pt"))
+        scaling.model_gradient_mib(str(tmp_path / "m.pt"))
     assert str(err.value) == (f"--model {tmp_path / 'm.pt'}: reading a torch model needs torch in this Python; "
                               f"give its size with --model-mib instead")
 
