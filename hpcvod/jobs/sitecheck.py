@@ -122,6 +122,7 @@ def prepare_check(site: Site, request: Request) -> "Prepared":
 
 
 EMPTY_LOG = "(empty)"
+SAID_BY = "init_error_said_by"   # who told a rank's init_error: "python" (hvd.init() raised) or "mpi_log"
 
 
 def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Optional[dict]], str]:
@@ -137,6 +138,7 @@ def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Opt
                     if line.strip()][-2:]
             record["init_error"] = (f"rank {rank} on {record.get('hostname')} ended inside the MPI without a Python "
                                     f"error; {log.name} ends: " + (" / ".join(said) or EMPTY_LOG))
+            record[SAID_BY] = "mpi_log" if said else EMPTY_LOG
         records.append(record)
     tail = "\n".join((output.read_text(errors="replace") if output.exists() else "").splitlines()[-15:])
     failures = [r["error"].strip().splitlines()[-1] for r in records if r and "error" in r]
@@ -178,8 +180,12 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
 
 def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
     got = [r for r in records if r is not None]
-    # the ranks the launcher killed once another aborted say nothing: the first rank whose MPI said why comes first
-    init_errors = sorted((r["init_error"] for r in got if "init_error" in r), key=lambda e: e.endswith(EMPTY_LOG))
+    # once one rank fails, the launcher ends the others wherever they are (srun: "Terminating StepId"): a rank
+    # that ended inside the MPI may only have been killed. The evidence is a rank's own Python error first, then
+    # a rank whose MPI log said something, last a rank that left only an early record.
+    said_first = {"python": 0, "mpi_log": 1, EMPTY_LOG: 2}
+    init_errors = [r["init_error"] for r in sorted((r for r in got if "init_error" in r),
+                                                   key=lambda r: said_first[r.get(SAID_BY, "python")])]
     checks = []
     sizes = sorted({r.get("size") for r in got if "size" in r})
     want = request.world_size

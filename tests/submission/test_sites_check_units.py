@@ -534,10 +534,16 @@ def test_the_rank_whose_mpi_said_why_is_the_evidence_not_one_killed_silently(tmp
         (tmp_path / "sitecheck" / f"{rank}.json").write_text(json.dumps({**record(rank, "n1"), ENDED_IN_MPI: True}))
     (tmp_path / "sitecheck" / "0.mpi.log").write_text("")
     (tmp_path / "sitecheck" / "1.mpi.log").write_text("Abort(1): Fatal error\nOFI call ep_enable failed\n")
+    request = sitecheck.Request(nodes=2, tasks_per_node=2)
     records, _ = sitecheck.read_records(tmp_path, 4, tmp_path / "output.log")
-    checks = sitecheck._world_checks(sandbox, sitecheck.Request(nodes=2, tasks_per_node=2), records)
+    checks = sitecheck._world_checks(sandbox, request, records)
     assert checks[0].evidence == ("hvd.init() failed: rank 1 on n1 ended inside the MPI without a Python error; "
                                   "1.mpi.log ends: Abort(1): Fatal error / OFI call ep_enable failed")
+    # rank 2's hvd.init() raised and its exit made srun end the others inside the MPI: its own error is the evidence
+    alone = "hpcvod.init(): this process is alone in an MPI world of size 1 but the launcher promised 4"
+    (tmp_path / "sitecheck" / "2.json").write_text(json.dumps({**record(2, "n2"), "init_error": alone}))
+    records, _ = sitecheck.read_records(tmp_path, 4, tmp_path / "output.log")
+    assert sitecheck._world_checks(sandbox, request, records)[0].evidence == f"hvd.init() failed: {alone}"
 
 
 # NCCL's own INFO lines, as NCCL 2.4 to 2.19 print them in public logs (NVIDIA/nccl issues 676, 1357, 1412; nccl-tests
