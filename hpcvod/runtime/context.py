@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from . import gpu
 from .config import Settings, settings_disagreement
@@ -90,12 +90,22 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         raise
     MPI = start_mpi(settings.init_timeout_seconds)
     arm_abort_hook()   # again: the script may have replaced sys.excepthook since hpcvod was imported
-    # init()'s own collectives wait for every rank: one that exited, stopped or hangs before init() would
-    # leave the others here for ever
+    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        raise HpcvodError(
+            "hpcvod needs MPI_THREAD_SERIALIZED or higher (its engine calls MPI from a background thread); "
+            "do not lower mpi4py.rc.thread_level")
+    check_mpi_flavour(MPI.Get_library_version())  # the MPI the script promised (HPCVOD_MPI_FLAVOUR)
+    if comm is None:
+        check_world_size(MPI.COMM_WORLD.Get_size(), MPI.Get_library_version())
+        # polled from Python under its own limits, so init()'s deadline below starts once every rank is here
+        # (a rank that came late to init() must not use up the others' deadline)
+        _wait_for_every_rank(MPI, MPI.COMM_WORLD, settings.init_timeout_seconds / 2)
+    # init()'s own collectives wait for every rank: one that exits, stops or hangs in init() would leave the
+    # others here for ever
     guard = deadline(settings.init_timeout_seconds, (
         f"hpcvod: rank {MPI.COMM_WORLD.Get_rank()} on {hostname()}: hvd.init() has not completed after "
         f"{settings.init_timeout_seconds:g} s, so this rank stops: some rank never reached init() or stopped "
-        f"in it (it exited, was stopped, or hangs before it; its own output may say why); "
+        f"in it (it exited, was stopped, or hangs in it; its own output may say why); "
         f"HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever"))
     try:
         _init(MPI, settings, comm, process_sets)
@@ -104,28 +114,46 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
 
 
 ARRIVAL_TAG = 31517   # init()'s "I am here" messages to rank 0 (point-to-point on COMM_WORLD)
+HEARD_TAG = 31518     # rank 0's "I am here too, and counting" answer to each rank that arrived
 ARRIVAL_GRACE_SECONDS = 5.0
 
 
 def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
     """init()'s first step, polled from Python (a blocking collective would hold the GIL in C): every rank
     tells rank 0 it arrived, then a non-blocking barrier. A rank that exited, died, was stopped or hangs before
-    init() never arrives: after ``timeout`` seconds rank 0 names it and ends the whole job (MPI_Abort, which
-    launchers carry out on every rank, a stopped one included). The others wait for rank 0 (or, when rank 0
-    is the one missing, for the init() deadline)."""
+    init() never arrives: ``timeout`` seconds after its own arrival, rank 0 names it and ends the whole job
+    (MPI_Abort, which launchers carry out on every rank, a stopped one included). Rank 0 answers each rank
+    that arrives, and the others give it ``timeout`` and a grace from that answer (from their own arrival while
+    no answer came, rank 0 being perhaps the one missing): a rank 0 that came late is not overtaken."""
     rank, size = world.Get_rank(), world.Get_size()
     if size == 1:
         return
     flags = bytearray(size)
+    answers: list = []
+    answered: set = set()
     if rank == 0:
         arrivals = [world.Irecv([memoryview(flags)[r:r + 1], MPI.BYTE], source=r, tag=ARRIVAL_TAG)
                     for r in range(1, size)]
     else:
-        arrivals = [world.Isend([b"\x01", MPI.BYTE], dest=0, tag=ARRIVAL_TAG)]
+        arrivals = [world.Isend([b"\x01", MPI.BYTE], dest=0, tag=ARRIVAL_TAG),
+                    world.Irecv([memoryview(flags)[0:1], MPI.BYTE], source=0, tag=HEARD_TAG)]
+
+    def answer(ranks: Iterable[int]) -> None:   # only ranks that arrived: they are alive to receive it
+        for r in ranks:
+            if r not in answered:
+                answered.add(r)
+                answers.append(world.Isend([b"\x01", MPI.BYTE], dest=r, tag=HEARD_TAG))
+
     barrier = world.Ibarrier()
     limit = time.monotonic() + timeout if timeout > 0 else float("inf")
+    heard = False
     pause = 0.0001
     while not barrier.Test():
+        if rank == 0:
+            answer(i + 1 for i in (MPI.Request.Testsome(arrivals) or ()))
+        elif not heard and arrivals[1].Test():
+            heard = True   # rank 0 is here: it ends the job itself within ``timeout`` from now if a rank is missing
+            limit = time.monotonic() + timeout if timeout > 0 else float("inf")
         late = time.monotonic() - limit
         if rank == 0 and late > 0:
             MPI.Request.Testall(arrivals)
@@ -133,6 +161,10 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
             abort_world(world, f"hpcvod: rank 0 on {hostname()}: rank(s) {first_of([str(r) for r in missing], 20)} of "
                                f"{size} never reached hvd.init() within {timeout:g} s (they exited, died, were stopped "
                                f"or hang before it; their own output may say why); ending the whole job (MPI_Abort)")
+        elif late > ARRIVAL_GRACE_SECONDS and heard:   # rank 0 came, then neither finished nor named anyone
+            abort_world(world, f"hpcvod: rank {rank} on {hostname()}: rank 0 reached hvd.init() but has neither "
+                               f"seen every rank nor named the missing ones within {timeout + ARRIVAL_GRACE_SECONDS:g} "
+                               f"s (it may have stopped or died since); ending the whole job (MPI_Abort)")
         elif late > ARRIVAL_GRACE_SECONDS:   # rank 0, which names the missing ranks, is itself gone
             abort_world(world, f"hpcvod: rank {rank} on {hostname()}: not every rank reached hvd.init() within "
                                f"{timeout + ARRIVAL_GRACE_SECONDS:g} s, and rank 0 did not say which (it may be the "
@@ -140,6 +172,9 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     MPI.Request.Waitall(arrivals)
+    if rank == 0:
+        answer(range(1, size))   # every rank is here (the barrier): those not answered yet get theirs now
+    MPI.Request.Waitall(answers)
 
 
 def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequence[ProcessSet]]) -> None:
@@ -149,15 +184,8 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
     from .timeline import open_timeline
     from .watchdog import Watchdog
 
-    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-        raise HpcvodError(
-            "hpcvod needs MPI_THREAD_SERIALIZED or higher (its engine calls MPI from a background thread); "
-            "do not lower mpi4py.rc.thread_level")
-    check_mpi_flavour(MPI.Get_library_version())  # the MPI the script promised (HPCVOD_MPI_FLAVOUR)
     if comm is None:
         base = MPI.COMM_WORLD
-        check_world_size(base.Get_size(), MPI.Get_library_version())
-        _wait_for_every_rank(MPI, base, settings.init_timeout_seconds / 2)
     elif isinstance(comm, MPI.Comm):
         base = comm
     else:

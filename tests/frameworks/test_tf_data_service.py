@@ -33,13 +33,17 @@ def train(n: int, config: Path, mode: str, out: Path, timeout: float = 180) -> s
     return subprocess.run(argv, env=rank_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
-def finish(compute: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+def finish(compute: subprocess.Popen, training: subprocess.CompletedProcess | None = None,
+           timeout: float = 60) -> tuple[int, str]:
     try:
         out, err = compute.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(compute.pid, signal.SIGKILL)
         out, err = compute.communicate()
-        pytest.fail(f"the compute job did not stop after the training side's shutdown\n{out[-2000:]}\n{err[-3000:]}")
+        said = "" if training is None else (f"\n--- the training side (exit {training.returncode}) ---\n"
+                                            f"{training.stdout[-2000:]}\n{training.stderr[-3000:]}")
+        pytest.fail(f"the compute job did not stop after the training side's shutdown\n{out[-2000:]}\n{err[-3000:]}"
+                    f"{said}")
     return compute.returncode, out + err
 
 
@@ -48,7 +52,7 @@ def test_distributed_epoch_gives_every_element_to_exactly_one_rank(tmp_path: Pat
     config = tmp_path / "service.json"
     compute = start_compute(2, config)
     done = train(2, config, "shared", tmp_path / "seen.json")
-    code, log = finish(compute)
+    code, log = finish(compute, done)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     seen = json.loads((tmp_path / "seen.json").read_text())
     everything = sorted(seen[0] + seen[1])
@@ -62,7 +66,7 @@ def test_training_side_dispatchers_one_per_rank_give_each_rank_the_whole_dataset
     config = tmp_path / "service.json"
     compute = start_compute(2, config, "--dispatchers", "2", "--dispatcher-side", "training")
     done = train(2, config, "per-rank", tmp_path / "seen.json")
-    code, log = finish(compute)
+    code, log = finish(compute, done)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     for rank, seen in enumerate(json.loads((tmp_path / "seen.json").read_text())):
         assert sorted(seen) == [3 * i for i in range(200)], f"rank {rank} got its own full stream"
@@ -111,6 +115,38 @@ def test_a_config_that_never_appears_times_out_naming_the_path(tmp_path: Path) -
     assert time.monotonic() - started < 60
 
 
+def test_a_training_side_dispatcher_that_stops_mid_epoch_lets_the_compute_job_stop(tmp_path: Path) -> None:
+    # The training side leaves its tf_data_service() block with tasks still running on the compute workers. A
+    # worker whose dispatcher is gone cannot stop while a task asks it for splits (TensorFlow retries for about a
+    # minute: seen as a compute job that outlived finish() in a fresh-clone CI run); the block's end has the
+    # workers stop first. The limit below only tells a hang from a stop (the fixed job stops within seconds).
+    require_framework("tensorflow")
+    config = tmp_path / "service.json"
+    compute = start_compute(2, config, "--dispatchers", "2", "--dispatcher-side", "training")
+    done = train(2, config, "partial", tmp_path / "seen.json")
+    code, log = finish(compute, done, timeout=40)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert code == 0, log[-3000:]
+    for rank, seen in enumerate(json.loads((tmp_path / "seen.json").read_text())):
+        assert len(seen) == 5, f"rank {rank} read 5 elements"
+    stopped = sorted(p.name for p in Path(f"{config}.d").glob("stopped.*"))
+    assert stopped == ["stopped.0.0", "stopped.1.1"], stopped   # each worker stopped before its dispatcher
+
+
+def test_a_second_block_on_a_released_training_side_dispatcher_is_refused(tmp_path: Path) -> None:
+    require_framework("tensorflow")
+    from hpcvod.tensorflow.data.compute_service import DataServiceError, TfDataServiceConfig, tf_data_service
+    folder = tmp_path / "service.json.d"
+    folder.mkdir()
+    (folder / "released.0").write_text("released\n")   # the first block's end stopped dispatcher 0's workers
+    config = TfDataServiceConfig(dispatchers=1, workers_per_dispatcher=1, dispatcher_side="training", addresses=(),
+                                 rendezvous=str(folder), timeout=5)
+    with pytest.raises(DataServiceError, match="dispatcher 0 already ran its block"):
+        with tf_data_service(config, 0):
+            pass
+    assert not (folder / "dispatcher.0").exists()   # nothing half-done: no dispatcher registered
+
+
 def test_compute_worker_refuses_a_size_that_is_not_a_multiple_of_the_dispatchers(tmp_path: Path) -> None:
     require_framework("tensorflow")
     compute = start_compute(3, tmp_path / "service.json", "--dispatchers", "2")
@@ -130,7 +166,7 @@ def example_accuracy(config: Path | None, *compute_args: str) -> float:
                            *([str(config)] if config is not None else ["--local"])],
                           env=rank_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=180)
     if compute is not None:
-        code, log = finish(compute)
+        code, log = finish(compute, done)
         assert code == 0, log[-3000:]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     found = re.search(r"test accuracy (\d\.\d+) \(2 ranks, (.*)\)", done.stdout)

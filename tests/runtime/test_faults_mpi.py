@@ -58,6 +58,17 @@ def test_fault_matrix_ends_the_job_naming_the_culprit(mpich, fault: str, phase: 
     assert re.search(expected, run.output), f"expected /{expected}/\n" + run.explain()
 
 
+@pytest.mark.mpi
+def test_a_rank_0_that_comes_late_to_init_still_names_the_missing_rank(mpich) -> None:
+    # rank 0 reaches init() 7 s after rank 2; the others' limit counts from rank 0's answer, not from their own
+    # arrival (the fresh-clone CI saw rank 2 give up first, 'rank 0 did not say which', under a loaded machine)
+    run = mpich.run(3, "w_fault.py", "1", "stop", "before-init", env={**FAST, "HPCVOD_TEST_RANK0_LATE": "7"},
+                    timeout=60, no_cleanup=True)
+    assert run.returncode != 0, run.explain()
+    assert re.search(NAMED[("stop", "before-init")], run.output), run.explain()
+    assert "did not say which" not in run.output and "has not completed" not in run.output, run.explain()
+
+
 # Every way of leaving under MPICH; one case under each other flavour (the mechanism is hpcvod's, not the MPI's).
 LEAVES = [("mpich", 1, "return"), ("mpich", 0, "exit"), ("mpich", 2, "shutdown"), ("openmpi", 1, "return"),
           ("impi", 1, "return")]

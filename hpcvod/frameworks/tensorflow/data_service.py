@@ -7,6 +7,9 @@ batches from them. The two jobs meet in a config file on a shared path and a fol
   dispatchers, their addresses are in it): ``TfDataServiceConfig.read(path, wait_for_file_creation=True)``.
 * ``CONFIG.d/dispatcher.<i>``: a training-side dispatcher's address (``dispatcher_side="training"``);
   ``CONFIG.d/worker.<i>.<rank>``: a compute rank's worker serving dispatcher i is registered;
+  ``CONFIG.d/released.<i>``: training-side dispatcher i is about to stop, its workers stop first and answer with
+  ``CONFIG.d/stopped.<i>.<rank>`` (a worker whose dispatcher is gone cannot stop while a task still asks it for
+  splits: TensorFlow retries for about a minute);
   ``CONFIG.d/heartbeat``: touched every second by the compute job's rank 0 while it lives;
   ``CONFIG.d/shutdown``: the training side is done (``config.shutdown()``), the compute job stops cleanly.
 
@@ -173,6 +176,9 @@ def tf_data_service(config: TfDataServiceConfig, rank: int) -> Iterator[str]:
     server = None
     index = rank if config.dispatchers > 1 else 0
     if config.dispatcher_side == "training" and (config.dispatchers > 1 or rank == 0):
+        if (config.folder / f"released.{index}").exists():
+            raise DataServiceError(f"training-side dispatcher {index} already ran its block and its compute workers "
+                                   f"have stopped: one tf_data_service() block per dispatcher and compute job")
         server = tf.data.experimental.service.DispatchServer(
             tf.data.experimental.service.DispatcherConfig(port=0))
         port = server.target.rsplit(":", 1)[1]
@@ -184,7 +190,19 @@ def tf_data_service(config: TfDataServiceConfig, rank: int) -> Iterator[str]:
         yield address
     finally:
         if server is not None:
+            _release_workers(config, index)
             server.stop()
+
+
+def _release_workers(config: TfDataServiceConfig, index: int) -> None:
+    """Has dispatcher ``index``'s compute workers stop while it still answers them, waiting for them ``timeout`` s
+    at most (a compute job that is gone answers nothing: the dispatcher stops anyway)."""
+    _write_atomically(config.folder / f"released.{index}", "released\n")
+    deadline = time.monotonic() + config.timeout
+    while len(list(config.folder.glob(f"stopped.{index}.*"))) < config.workers_per_dispatcher:
+        if time.monotonic() > deadline or not config.compute_job_alive():
+            return
+        time.sleep(0.1)
 
 
 def send_to_data_service(dataset: Any, config: TfDataServiceConfig, rank: int, size: Optional[int] = None,
@@ -275,12 +293,18 @@ def serve(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int
               f"reach its ports ({', '.join(addresses) or 'the training side'} and each worker's) can read this "
               f"job's data and run its own tf.data graphs in it, as you; use it only on a network you trust "
               f"(docs/data-service.md)", file=sys.stderr, flush=True)
-    # DispatchServer.join() blocks in C++ (no signal handler would run): poll the shutdown marker instead
+    # DispatchServer.join() blocks in C++ (no signal handler would run): poll the markers instead
+    released = folder / f"released.{index}"
     while not (folder / "shutdown").exists():
+        if worker is not None and released.exists():   # stop before the training-side dispatcher does
+            worker.stop()
+            worker = None
+            (folder / f"stopped.{index}.{rank}").touch()
         if rank == 0:
             (folder / "heartbeat").touch()
         time.sleep(HEARTBEAT_SECONDS)
-    worker.stop()
+    if worker is not None:
+        worker.stop()
     if dispatcher is not None:
         dispatcher.stop()
     group.barrier()

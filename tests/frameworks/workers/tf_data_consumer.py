@@ -2,7 +2,9 @@
 
 argv: CONFIG.json MODE OUT.json. MODE: "shared" (one compute-side dispatcher, distributed_epoch with a shared job:
 every element reaches one rank once), "per-rank" (dispatcher_side=training, one dispatcher per rank: each rank
-gets the whole dataset), "forever" (keep reading a repeated dataset: the compute job gets killed meanwhile).
+gets the whole dataset), "partial" (as "per-rank", but each rank reads 5 elements of a long dataset and leaves
+the block with its iteration unfinished: the compute workers' tasks are still busy when the dispatcher stops),
+"forever" (keep reading a repeated dataset: the compute job gets killed meanwhile).
 Each rank writes the elements it saw; rank 0 calls config.shutdown() at the end.
 """
 
@@ -27,6 +29,12 @@ elif mode == "per-rank":
         distributed = dataset.apply(tf.data.experimental.service.distribute(
             processing_mode="distributed_epoch", service=address))
         seen = [int(x) for x in distributed]
+elif mode == "partial":
+    with tf_data_service(config, rank) as address:
+        distributed = dataset.repeat(10**6).apply(tf.data.experimental.service.distribute(
+            processing_mode="distributed_epoch", service=address))
+        reading = iter(distributed)
+        seen = [int(next(reading)) for _ in range(5)]
 else:
     print(f"rank {rank} reading for ever", flush=True)
     for _ in dataset.repeat().send_to_data_service(config, rank, size, reuse_dataset=True):

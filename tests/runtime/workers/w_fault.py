@@ -4,6 +4,7 @@ argv: VICTIM FAULT PHASE
   FAULT  exit (sys.exit(0): a clean leave), raise (an uncaught exception), kill (SIGKILL), stop (SIGSTOP)
   PHASE  before-init (MPI started, init() not called), in-init (inside init(), after its first collectives),
          mid-collective (the others wait in an allreduce), in-shutdown (inside hvd.shutdown())
+HPCVOD_TEST_RANK0_LATE=SECONDS: rank 0 (not the victim) comes that late to init(), as a loaded node's rank may.
 The others call init(), run allreduces and shut down; every case must end the job within seconds, non-zero,
 with the victim named somewhere in the output.
 """
@@ -54,6 +55,8 @@ if me == victim and phase == "in-shutdown":
 
     watchdog.Watchdog.close = close
 
+if me == 0 != victim:
+    time.sleep(float(os.environ.get("HPCVOD_TEST_RANK0_LATE", "0")))
 hvd.init()
 print(f"rank {me} initialised", flush=True)
 steps = 3 if me == victim and phase == "in-shutdown" else 1000000
