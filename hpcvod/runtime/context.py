@@ -129,8 +129,7 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
     if size == 1:
         return
     flags = bytearray(size)
-    answers: list = []
-    answered: set = set()
+    answers: dict[int, Any] = {}   # rank -> rank 0's send of its answer
     if rank == 0:
         arrivals = [world.Irecv([memoryview(flags)[r:r + 1], MPI.BYTE], source=r, tag=ARRIVAL_TAG)
                     for r in range(1, size)]
@@ -140,12 +139,14 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
 
     def answer(ranks: Iterable[int]) -> None:   # only ranks that arrived: they are alive to receive it
         for r in ranks:
-            if r not in answered:
-                answered.add(r)
-                answers.append(world.Isend([b"\x01", MPI.BYTE], dest=r, tag=HEARD_TAG))
+            if r not in answers:
+                answers[r] = world.Isend([b"\x01", MPI.BYTE], dest=r, tag=HEARD_TAG)
+
+    def limit_from_now() -> float:
+        return time.monotonic() + timeout if timeout > 0 else float("inf")
 
     barrier = world.Ibarrier()
-    limit = time.monotonic() + timeout if timeout > 0 else float("inf")
+    limit = limit_from_now()
     heard = False
     pause = 0.0001
     while not barrier.Test():
@@ -153,7 +154,7 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
             answer(i + 1 for i in (MPI.Request.Testsome(arrivals) or ()))
         elif not heard and arrivals[1].Test():
             heard = True   # rank 0 is here: it ends the job itself within ``timeout`` from now if a rank is missing
-            limit = time.monotonic() + timeout if timeout > 0 else float("inf")
+            limit = limit_from_now()
         late = time.monotonic() - limit
         if rank == 0 and late > 0:
             MPI.Request.Testall(arrivals)
@@ -174,7 +175,7 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
     MPI.Request.Waitall(arrivals)
     if rank == 0:
         answer(range(1, size))   # every rank is here (the barrier): those not answered yet get theirs now
-    MPI.Request.Waitall(answers)
+    MPI.Request.Waitall(list(answers.values()))
 
 
 def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequence[ProcessSet]]) -> None:

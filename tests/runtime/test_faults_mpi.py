@@ -69,6 +69,18 @@ def test_a_rank_0_that_comes_late_to_init_still_names_the_missing_rank(mpich) ->
     assert "did not say which" not in run.output and "has not completed" not in run.output, run.explain()
 
 
+@pytest.mark.mpi
+def test_a_rank_0_that_stops_after_answering_is_not_waited_for_for_ever(mpich) -> None:
+    # rank 1 never arrives; rank 0 arrives, answers rank 2, and is stopped 2 s into init() (before its own 5 s
+    # limit could name rank 1): rank 2 ends the job once rank 0's time and the grace have passed since its answer
+    run = mpich.run(3, "w_fault.py", "1", "stop", "before-init", env={**FAST, "HPCVOD_TEST_RANK0_STOP": "2"},
+                    timeout=60)
+    assert run.returncode != 0, run.explain()
+    assert re.search(r"hpcvod: rank 2 on \S+: rank 0 reached hvd.init\(\) but has neither seen every rank nor "
+                     r"named the missing ones within 10 s", run.output), run.explain()
+    assert run.seconds < 30, run.explain()
+
+
 # Every way of leaving under MPICH; one case under each other flavour (the mechanism is hpcvod's, not the MPI's).
 LEAVES = [("mpich", 1, "return"), ("mpich", 0, "exit"), ("mpich", 2, "shutdown"), ("openmpi", 1, "return"),
           ("impi", 1, "return")]

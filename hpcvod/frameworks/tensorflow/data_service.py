@@ -119,12 +119,19 @@ class TfDataServiceConfig:
 
     def wait_for_workers(self, index: int) -> None:
         """Until every compute worker of dispatcher ``index`` has registered."""
+        if not self.every_worker_marked("worker", index):
+            raise DataServiceError(f"the workers of dispatcher {index} did not register in {self.folder} within "
+                                   f"{self.timeout} s (is the compute job running?)")
+
+    def every_worker_marked(self, mark: str, index: int, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Whether every compute worker of dispatcher ``index`` left ``CONFIG.d/<mark>.<index>.<rank>`` within
+        ``timeout`` s (False once that passed, or ``give_up()`` says so)."""
         deadline = time.monotonic() + self.timeout
-        while len(list(self.folder.glob(f"worker.{index}.*"))) < self.workers_per_dispatcher:
-            if time.monotonic() > deadline:
-                raise DataServiceError(f"the workers of dispatcher {index} did not register in {self.folder} within "
-                                       f"{self.timeout} s (is the compute job running?)")
+        while len(list(self.folder.glob(f"{mark}.{index}.*"))) < self.workers_per_dispatcher:
+            if time.monotonic() > deadline or give_up():
+                return False
             time.sleep(0.1)
+        return True
 
     def compute_job_alive(self) -> bool:
         beat = self.folder / "heartbeat"
@@ -198,11 +205,7 @@ def _release_workers(config: TfDataServiceConfig, index: int) -> None:
     """Has dispatcher ``index``'s compute workers stop while it still answers them, waiting for them ``timeout`` s
     at most (a compute job that is gone answers nothing: the dispatcher stops anyway)."""
     _write_atomically(config.folder / f"released.{index}", "released\n")
-    deadline = time.monotonic() + config.timeout
-    while len(list(config.folder.glob(f"stopped.{index}.*"))) < config.workers_per_dispatcher:
-        if time.monotonic() > deadline or not config.compute_job_alive():
-            return
-        time.sleep(0.1)
+    config.every_worker_marked("stopped", index, give_up=lambda: not config.compute_job_alive())
 
 
 def send_to_data_service(dataset: Any, config: TfDataServiceConfig, rank: int, size: Optional[int] = None,

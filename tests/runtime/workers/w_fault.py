@@ -5,6 +5,7 @@ argv: VICTIM FAULT PHASE
   PHASE  before-init (MPI started, init() not called), in-init (inside init(), after its first collectives),
          mid-collective (the others wait in an allreduce), in-shutdown (inside hvd.shutdown())
 HPCVOD_TEST_RANK0_LATE=SECONDS: rank 0 (not the victim) comes that late to init(), as a loaded node's rank may.
+HPCVOD_TEST_RANK0_STOP=SECONDS: rank 0 (not the victim) is stopped (SIGSTOP) that long after it enters init().
 The others call init(), run allreduces and shut down; every case must end the job within seconds, non-zero,
 with the victim named somewhere in the output.
 """
@@ -12,6 +13,7 @@ with the victim named somewhere in the output.
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -57,6 +59,8 @@ if me == victim and phase == "in-shutdown":
 
 if me == 0 != victim:
     time.sleep(float(os.environ.get("HPCVOD_TEST_RANK0_LATE", "0")))
+    if "HPCVOD_TEST_RANK0_STOP" in os.environ:
+        threading.Timer(float(os.environ["HPCVOD_TEST_RANK0_STOP"]), os.kill, (os.getpid(), signal.SIGSTOP)).start()
 hvd.init()
 print(f"rank {me} initialised", flush=True)
 steps = 3 if me == victim and phase == "in-shutdown" else 1000000
