@@ -30,7 +30,7 @@ make_venv() {  # make_venv DIR PIP-ARGS...
 # numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
 # torch 2.13.0 (a CPU build on this machine) and CuPy 13.6: the versions the tests were measured with; users' installs
 # take ranges (pyproject.toml). The MPI flavour venvs run the runtime under NumPy 2 (no framework holds them back).
-FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,spark,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
+FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,spark,plots,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
 NUMPY2="numpy==2.4.6"
 # pyspark (the Spark compute job's tests) runs on a JVM: Java 17+, from apt when this is root (CI), else a hint
 need_java() {
