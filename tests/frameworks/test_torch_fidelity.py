@@ -30,6 +30,7 @@ CHECKS = [
     "duplicate_names_in_flight_raise",
     "duplicate_name_of_a_grouped_member_raises",
     "join_refuses_allgather_and_broadcast_on_the_other_ranks",
+    "join_then_unnamed_allgather_fails_and_allgather_object_still_pairs",
     "sparse_allreduce_async_returns_a_callable_handle",
     "sparse_embedding_trains_with_sparse_adam",
     "broadcast_optimizer_state_with_parameters_without_gradients",

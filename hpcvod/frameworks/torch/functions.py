@@ -118,5 +118,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = rt.global_process_set) -> list[Any]:
-    """Returns the list of every rank's ``obj``, in rank order."""
-    return rt.allgather_object(obj, name=name, process_set=process_set)
+    """Returns the list of every rank's ``obj``, in rank order.
+
+    Named even when ``name`` is not given (Horovod names it too): an unnamed collective would take the next
+    position among this rank's unnamed ones, and a rank that skipped one (it had joined while the others'
+    allgather failed) would then pair with the wrong call. One fixed default rather than Horovod's type name,
+    so that ranks gathering objects of different types (a value here, None there) still pair.
+    """
+    return rt.allgather_object(obj, name="allgather_object" if name is None else name, process_set=process_set)

@@ -53,10 +53,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # Horovod's attribute, read by Horovod code and tests: parameter -> its name
             self._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
         else:
-            names = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
-            # Horovod's names for unnamed parameters count within each parameter group
-            self._parameter_names = {p: f"allreduce.noname.{i}" for group in self.param_groups
-                                     for i, p in enumerate(group["params"])}
+            # Horovod's names for unnamed parameters: group and position in it, unique over several groups
+            names = {id(p): f"noname.{i}.{j}" for i, group in enumerate(self.param_groups)
+                     for j, p in enumerate(group["params"])}
+            self._parameter_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
 
         self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
         self._hvd_compression = compression

@@ -284,6 +284,33 @@ def join_refuses_allgather_and_broadcast_on_the_other_ranks():
     same(out, torch.arange(SIZE, dtype=torch.float32), "allgather once every rank has joined")
 
 
+@check
+def join_then_unnamed_allgather_fails_and_allgather_object_still_pairs():
+    # Horovod's test_horovod_join_allgather: each rank in turn joins first; the others' UNNAMED allgather fails
+    # (the joined rank never submits it, so the ranks' counts of unnamed collectives now differ), they join, and
+    # every rank then gathers join()'s result with allgather_object, which must pair on every rank
+    if SIZE == 1:
+        return "one rank: join returns at once"
+    t = torch.ones(17, 17, 17)
+    for first in range(SIZE):
+        if RANK == first:
+            last = hvd.join()
+        else:
+            try:
+                hvd.allgather(t)
+            except RuntimeError:
+                pass
+            else:
+                raise AssertionError("an allgather after another rank joined did not raise")
+            last = hvd.join()
+        assert last != first, f"join returned {last}, the rank that joined first"
+        gathered = hvd.allgather_object(last)
+        assert gathered == [last] * SIZE, f"join's result gathered from every rank: {gathered}, expected all {last}"
+    # objects of different types on different ranks still pair (Horovod names by type and would not)
+    mixed = hvd.allgather_object(RANK if RANK % 2 else None)
+    assert mixed == [r if r % 2 else None for r in range(SIZE)], mixed
+
+
 # ------------------------------------------------------------------------------------ sparse
 @check
 def sparse_allreduce_async_returns_a_callable_handle():
@@ -357,8 +384,11 @@ def distributed_optimizer_has_horovods_parameter_names():
     assert named._parameter_names == {p: n for n, p in model.named_parameters()}
     groups = [{"params": list(model[0].parameters())}, {"params": list(model[1].parameters())}]
     unnamed = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
-    assert sorted(unnamed._parameter_names.values()) == sorted(
-        ["allreduce.noname.0", "allreduce.noname.1", "allreduce.noname.0", "allreduce.noname.1"])
+    # Horovod's test_optimizer_no_named_parameters: one name per parameter, unique over several groups
+    assert sorted(unnamed._parameter_names.values()) == [
+        "allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0", "allreduce.noname.1.1"]
+    assert hvd.allgather_object(set(unnamed._parameter_names.values())) == [set(unnamed._parameter_names.values())] \
+        * SIZE, "every rank names the parameters alike"
     # Horovod's full positional signature, num_groups (deprecated there, still accepted) included
     import warnings
     with warnings.catch_warnings(record=True) as caught:
