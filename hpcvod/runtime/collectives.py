@@ -24,7 +24,7 @@ from .tables import (
     ADASUM, AVERAGE, BFLOAT16, MAX, MIN, PRODUCT, SUM, arithmetic_dtype, check_dtype, mpi_reduce_op, mpi_type,
 )
 from .errors import HpcvodInputError, HpcvodNotInitializedError
-from .handles import GroupHandle, Handle
+from .handles import GroupHandle, Handle, Signature
 from .process_sets import ProcessSet, global_process_set
 
 # Reduction ops, numbered like Horovod's.
@@ -179,10 +179,11 @@ def _allreduce_handle(tensor: Any, average: Optional[bool], name: Optional[str],
             in_place = True
         elif np.may_share_memory(output, a):
             raise HpcvodInputError("allreduce: out= overlaps the input; use allreduce_ to reduce in place")
+    sig = Signature(K.ALLREDUCE, dtype, a.shape, op, None, pre, post, False)
     if name is None:
-        h = Handle(lane.auto_name(), K.ALLREDUCE, (K.ALLREDUCE, dtype, a.shape, op, pre, post), a, output, True)
+        h = Handle(lane.auto_name(), K.ALLREDUCE, sig, a, output, True)
     else:
-        h = Handle(name, K.ALLREDUCE, (K.ALLREDUCE, dtype, a.shape, op, pre, post), a, output)
+        h = Handle(name, K.ALLREDUCE, sig, a, output)
     h.lane = lane
     h.mpi_type, h.mpi_op = plan
     if pre != 1.0:
@@ -237,7 +238,7 @@ def _device_allreduce_handle(lane: Lane, tensor: Any, average: Optional[bool], n
     plan = _reduction_plan(arithmetic_dtype(elem), op)   # for staging through host memory
     pre, post = float(prescale_factor), float(postscale_factor)
     output = d if in_place else (_device_out(out, d, "allreduce") if out is not None else None)
-    sig = (K.ALLREDUCE, elem, d.shape, op, pre, post, K.DEVICE)
+    sig = Signature(K.ALLREDUCE, elem, d.shape, op, None, pre, post, True)
     h = Handle(name if name is not None else lane.auto_name(), K.ALLREDUCE, sig, d, output, name is None)
     h.lane = lane
     h.mpi_type, h.mpi_op = plan               # for staging through host memory
@@ -407,11 +408,12 @@ def _grouped_allreduce(tensors: Sequence[Any], average: Optional[bool], name: Op
 
 
 # ------------------------------------------------------------------------- allgather & friends
-def _plain_handle(kind: int, tensor: Any, name: Optional[str], process_set: ProcessSet, sig_tail: tuple,
-                  a: np.ndarray, output: Optional[np.ndarray] = None) -> Handle:
+def _plain_handle(kind: int, tensor: Any, name: Optional[str], process_set: ProcessSet, a: np.ndarray,
+                  output: Optional[np.ndarray] = None, **fields: Any) -> Handle:
+    """The handle of a collective other than allreduce; ``fields``: its signature's (shape, op, root...)."""
     lane = _lane_of(process_set)
     t = mpi_type(a.dtype)
-    sig = (kind, _element(tensor, a)) + sig_tail
+    sig = Signature(kind, _element(tensor, a), **fields)
     if name is None:
         h = Handle(lane.auto_name(), kind, sig, a, output, True)
     else:
@@ -434,12 +436,12 @@ def _allgather_handle(tensor: Any, name: Optional[str], process_set: ProcessSet)
     d = _device_input(tensor, "allgather")
     if d is not None:
         d = d.reshape(1) if d.ndim == 0 else d
-        return _on_device(_plain_handle(K.ALLGATHER, tensor, name, process_set, (d.shape[1:], K.DEVICE), d))
+        return _on_device(_plain_handle(K.ALLGATHER, tensor, name, process_set, d, shape=d.shape[1:], device=True))
     a = as_array(tensor)
     if a.ndim == 0:
         a = a.reshape(1)
     a, _ = _contiguous_work(a, False)
-    return _plain_handle(K.ALLGATHER, tensor, name, process_set, (a.shape[1:],), a)
+    return _plain_handle(K.ALLGATHER, tensor, name, process_set, a, shape=a.shape[1:])
 
 
 def allgather_async(tensor: Any, name: Optional[str] = None,
@@ -483,13 +485,14 @@ def _broadcast_handle(tensor: Any, root_rank: int, name: Optional[str], process_
     if tensor.__class__ is not _ndarray and gpu.is_device_buffer(tensor):
         d = _device_view(tensor, in_place, "broadcast")
         output = d if in_place else (_device_out(out, d, "broadcast") if out is not None else None)
-        h = _plain_handle(K.BROADCAST, tensor, name, process_set, (d.shape, int(root_rank), K.DEVICE), d, output)
+        h = _plain_handle(K.BROADCAST, tensor, name, process_set, d, output, shape=d.shape, root=int(root_rank),
+                          device=True)
         h.root = root_index
         return _on_device(h)
     a = as_array(tensor, writable=in_place)
     a, copy_back = _contiguous_work(a, in_place)
     output = a if in_place else (_check_out(out, a.shape, a.dtype) if out is not None else None)
-    h = _plain_handle(K.BROADCAST, tensor, name, process_set, (a.shape, int(root_rank)), a, output)
+    h = _plain_handle(K.BROADCAST, tensor, name, process_set, a, output, shape=a.shape, root=int(root_rank))
     h.root = root_index
     if copy_back is not None:
         h.finish = _copy_into(copy_back)
@@ -547,8 +550,7 @@ def _alltoall_handle(tensor: Any, splits: Any, name: Optional[str], process_set:
         if s.shape != (n,) or (s < 0).any() or int(s.sum()) != a.shape[0]:
             raise HpcvodInputError(f"alltoall: splits must be {n} non-negative integers summing to the first "
                                    f"dimension {a.shape[0]}, got {s.tolist()}")
-    tail = (a.shape[1:], K.DEVICE) if d is not None else (a.shape[1:],)
-    h = _plain_handle(K.ALLTOALL, tensor, name, process_set, tail, a)
+    h = _plain_handle(K.ALLTOALL, tensor, name, process_set, a, shape=a.shape[1:], device=d is not None)
     if d is not None:
         _on_device(h)
     h.splits = np.ascontiguousarray(s)
@@ -600,8 +602,8 @@ def _reducescatter_handle(tensor: Any, name: Optional[str], op: Optional[int], p
     op = _resolve_op(op, None)
     mpi_op = mpi_reduce_op(op, a.dtype)
     pre, post = float(prescale_factor), float(postscale_factor)
-    tail = (a.shape, op, pre, post) + ((K.DEVICE,) if d is not None else ())
-    h = _plain_handle(K.REDUCESCATTER, tensor, name, process_set, tail, a)
+    h = _plain_handle(K.REDUCESCATTER, tensor, name, process_set, a, shape=a.shape, op=op, prescale=pre,
+                      postscale=post, device=d is not None)
     if d is not None:
         _on_device(h)
     h.mpi_op = mpi_op
@@ -659,7 +661,7 @@ def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
     lane = _lane_of(process_set)
-    h = Handle(lane.auto_name(), K.BARRIER, (K.BARRIER,), None, None, True)
+    h = Handle(lane.auto_name(), K.BARRIER, Signature(K.BARRIER), None, None, True)
     lane.run(h)
 
 
@@ -672,7 +674,7 @@ def join(device: int = -1) -> int:
     """
     rt = context.runtime()
     lane = rt.global_lane
-    h = Handle("join", K.JOIN, (K.JOIN,), None)
+    h = Handle("join", K.JOIN, Signature(K.JOIN), None)
     return lane.run(h)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -16,13 +16,29 @@ REDUCESCATTER = 5
 BARRIER = 6
 JOIN = 7
 
-# Last element of a device request's signature: host and device requests never match or fuse together.
-DEVICE = "cuda"
 
 KIND_NAMES = {
     ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast", ALLTOALL: "alltoall",
     REDUCESCATTER: "reducescatter", BARRIER: "barrier", JOIN: "join",
 }
+
+
+class Signature(NamedTuple):
+    """What every member must submit identically under one name: compared across ranks in a full round (a
+    difference is a mismatch error), and part of the response cache's keys (a NamedTuple hashes as a tuple).
+
+    Fields a kind does not use keep their defaults: the op of an allreduce and the root of a broadcast are
+    different fields.
+    """
+
+    kind: int                 # ALLREDUCE, ALLGATHER, ...
+    elem: Any = None          # the element type: a NumPy dtype, or tables.BFLOAT16 for bfloat16 words
+    shape: tuple = ()         # the tensor's shape; allgather and alltoall: one row's (the first dimension may differ)
+    op: int | None = None     # the reduction op (allreduce, reducescatter)
+    root: int | None = None   # the root's global rank (broadcast)
+    prescale: float = 1.0     # allreduce, reducescatter
+    postscale: float = 1.0    # as the user gave it (Average's 1/size is not in it)
+    device: bool = False      # device memory: host and device requests never match or fuse together
 
 
 class Handle:
@@ -40,21 +56,21 @@ class Handle:
     prescale = 1.0
     postscale = 1.0            # effective factor, Average's 1/size included
     root = -1                  # root's rank inside the process set (broadcast)
-    splits: Optional[np.ndarray] = None
+    splits: np.ndarray | None = None
     t_submit = 0.0
     t_ready = 0.0
     entry: Any = None          # the response-cache entry it matched in the last negotiation
     done = False
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     result: Any = None
-    finish: Optional[Callable[[Any], Any]] = None   # post-processing run by synchronize()
+    finish: Callable[[Any], Any] | None = None   # post-processing run by synchronize()
     dummy = False              # a joined rank's stand-in contribution
     unnamed = False            # named by the engine: cached by signature and position, not by name
     device = False             # tensor/output are CuPy arrays in GPU memory (runtime/nccl.py runs it)
     stream = 0                 # the CUDA stream current when a device request was submitted
 
-    def __init__(self, name: str, kind: int, sig: tuple, tensor: Optional[np.ndarray],
-                 output: Optional[np.ndarray] = None, unnamed: bool = False) -> None:
+    def __init__(self, name: str, kind: int, sig: Signature, tensor: np.ndarray | None,
+                 output: np.ndarray | None = None, unnamed: bool = False) -> None:
         self.name = name
         self.key: Any = name     # response-cache key; unnamed collectives get theirs per cycle
         self.kind = kind

@@ -160,7 +160,7 @@ class DeviceOps:
         cp = self.cupy
         first = group[0]
         stream = first.stream
-        elem = first.sig[1]
+        elem = first.sig.elem
         with self._stream(stream):
             if len(group) == 1 and first.output is first.tensor:
                 flat = first.tensor.reshape(-1)
@@ -169,7 +169,7 @@ class DeviceOps:
                 cp.concatenate([h.tensor.reshape(-1) for h in group], out=flat)
             if first.prescale != 1.0:
                 flat[...] = scale_on_device(cp, flat, first.prescale, elem)
-            self._allreduce_flat(flat, elem, first.sig[3], stream)
+            self._allreduce_flat(flat, elem, first.sig.op, stream)
             if first.postscale != 1.0:
                 flat[...] = scale_on_device(cp, flat, first.postscale, elem)
             offset = 0
@@ -329,7 +329,7 @@ class DeviceOps:
         work = []
         for h in hs:
             a = h.tensor if h.tensor.ndim else h.tensor.reshape(1)
-            elem = h.sig[1]
+            elem = h.sig.elem
             with self._stream(h.stream):
                 send = cp.ascontiguousarray(a)
                 if h.prescale != 1.0:
@@ -337,7 +337,7 @@ class DeviceOps:
                 base, extra = divmod(a.shape[0], size)
                 rows = [base + (1 if r < extra else 0) for r in range(size)]
                 out = cp.empty((rows[me],) + a.shape[1:], a.dtype)
-            work.append((h, send, out, rows, extra, self._types(elem, h.sig[3])))
+            work.append((h, send, out, rows, extra, self._types(elem, h.sig.op)))
         nccl.groupStart()
         for h, send, out, rows, extra, (dtype, op) in work:
             per_row = int(np.prod(send.shape[1:], dtype=np.int64))
@@ -355,7 +355,7 @@ class DeviceOps:
         for h, _, out, _, _, _ in work:
             if h.postscale != 1.0:
                 with self._stream(h.stream):
-                    out = scale_on_device(cp, out, h.postscale, h.sig[1])
+                    out = scale_on_device(cp, out, h.postscale, h.sig.elem)
             results.append(out)
         self._done(hs, results)
 
@@ -371,11 +371,11 @@ class DeviceOps:
         proxy = copy.copy(h)
         proxy.tensor = cp.asnumpy(h.tensor)
         # bfloat16 words are reduced as float32 on the host (MPI has no bfloat16) and rounded back once
-        widened = h.kind in (K.ALLREDUCE, K.REDUCESCATTER) and is_bfloat16(h.sig[1])
+        widened = h.kind in (K.ALLREDUCE, K.REDUCESCATTER) and is_bfloat16(h.sig.elem)
         if widened:
             proxy.tensor = bfloat16_widen(np, proxy.tensor)
             proxy.mpi_type = mpi_type(proxy.tensor.dtype)
-            proxy.mpi_op = mpi_reduce_op(h.sig[3], arithmetic_dtype(h.sig[1]))
+            proxy.mpi_op = mpi_reduce_op(h.sig.op, arithmetic_dtype(h.sig.elem))
         proxy.output = proxy.tensor if in_place else None
         proxy.device = False
         proxy.done = False

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from . import handles as K
 from .errors import HpcvodInputError, HpcvodMismatchError, first_of
-from .handles import Handle
+from .handles import Handle, Signature
 from .tables import AVERAGE, arithmetic_dtype, describe_sig, identity_fill, is_bfloat16, mpi_reduce_op, mpi_type
 from .timeline import NEGOTIATE
 
@@ -45,7 +45,7 @@ _perf = time.perf_counter
 class _Entry:
     __slots__ = ("key", "sig", "bit", "mask", "last", "fuse")
 
-    def __init__(self, key: Any, sig: tuple, bit: int, last: int) -> None:
+    def __init__(self, key: Any, sig: Signature, bit: int, last: int) -> None:
         self.key = key
         self.sig = sig
         self.bit = bit
@@ -57,14 +57,14 @@ class _Entry:
 _fuse_keys: dict[tuple, tuple] = {}
 
 
-def fuse_key(sig: tuple) -> Any:
-    """Allreduces with the same key (dtype, op, scaling) can share one fusion buffer.
+def fuse_key(sig: Signature) -> Any:
+    """Allreduces with the same key (dtype, op, scaling, memory) can share one fusion buffer.
 
     Keys are interned, so the engine compares them with ``is``.
     """
-    if sig[0] != K.ALLREDUCE:
+    if sig.kind != K.ALLREDUCE:
         return None
-    key = (sig[1], sig[3], sig[4], sig[5], sig[-1] == K.DEVICE)
+    key = (sig.elem, sig.op, sig.prescale, sig.postscale, sig.device)
     return _fuse_keys.setdefault(key, key)
 
 
@@ -324,7 +324,7 @@ class Negotiation:
             self._notify()
 
     # ------------------------------------------------------------------------------ response cache
-    def _cache_put(self, key: Any, sig: tuple) -> Optional[_Entry]:
+    def _cache_put(self, key: Any, sig: Signature) -> Optional[_Entry]:
         if not self.cache_capacity:
             return None
         cache = self._cache
@@ -360,25 +360,25 @@ class Negotiation:
             self._free_bits.sort(reverse=True)
 
     # ----------------------------------------------------------------------------------- execution
-    def _dummy(self, key: Any, sig: tuple) -> Handle:
+    def _dummy(self, key: Any, sig: Signature) -> Handle:
         """A joined rank's stand-in for a collective the others run."""
-        kind = sig[0]
-        elem = sig[1] if len(sig) > 1 else None
+        kind = sig.kind
+        elem = sig.elem
         # bfloat16 device requests: int16 words in memory, float32 for the host's arithmetic
         dt = np.dtype(np.int16) if is_bfloat16(elem) else elem
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            tensor = identity_fill(sig[3], elem, sig[2])
+            tensor = identity_fill(sig.op, elem, sig.shape)
         elif kind == K.BROADCAST:
-            tensor = np.zeros(sig[2], dt)
+            tensor = np.zeros(sig.shape, dt)
         elif kind in (K.ALLGATHER, K.ALLTOALL):
-            tensor = np.zeros((0,) + tuple(sig[2]), dt)
+            tensor = np.zeros((0,) + tuple(sig.shape), dt)
         else:
             tensor = None
         h = Handle(str(key), kind, sig, tensor, None)
         h.key = key
         h.dummy = True
         h.lane = self
-        if sig[-1] == K.DEVICE and tensor is not None:
+        if sig.device and tensor is not None:
             # not through _devices(): making it is collective, and the others make it later, in _execute
             from .gpu import probe
             h.tensor = probe()[0].asarray(tensor)
@@ -386,11 +386,11 @@ class Negotiation:
         if dt is not None:
             h.mpi_type = mpi_type(dt)
         if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            h.mpi_op = mpi_reduce_op(sig[3], arithmetic_dtype(elem))
-            h.prescale = sig[4]
-            h.postscale = sig[5] / self.size if sig[3] == AVERAGE else sig[5]
+            h.mpi_op = mpi_reduce_op(sig.op, arithmetic_dtype(elem))
+            h.prescale = sig.prescale
+            h.postscale = sig.postscale / self.size if sig.op == AVERAGE else sig.postscale
         elif kind == K.BROADCAST:
-            h.root = self.ranks.index(sig[3])
+            h.root = self.ranks.index(sig.root)
         elif kind == K.ALLTOALL:
             h.splits = np.zeros(self.size, np.int64)
         return h

@@ -164,20 +164,19 @@ def scale_on_device(cp: Any, a: Any, factor: float, elem: Any = None) -> Any:
     return (a.astype(work) * work(factor)).astype(a.dtype)
 
 
-def describe_sig(sig: tuple) -> str:
+def describe_sig(sig: K.Signature) -> str:
     """A short human description of a request signature (for mismatch errors)."""
-    kind = sig[0]
+    kind = sig.kind
     name = K.KIND_NAMES.get(kind, "?")
-    if sig[-1] == K.DEVICE:
-        return describe_sig(sig[:-1]).replace("(", "(device=cuda, ", 1)
+    if sig.device:
+        return describe_sig(sig._replace(device=False)).replace("(", "(device=cuda, ", 1)
     if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-        _, dt, shape, op, pre, post = sig
-        extra = f" prescale={pre}" if pre != 1.0 else ""
-        extra += f" postscale={post}" if post != 1.0 else ""
-        return f"{name}(dtype={element_name(dt)}, shape={shape}, op={OP_NAMES.get(op, op)}{extra})"
+        extra = f" prescale={sig.prescale}" if sig.prescale != 1.0 else ""
+        extra += f" postscale={sig.postscale}" if sig.postscale != 1.0 else ""
+        return f"{name}(dtype={element_name(sig.elem)}, shape={sig.shape}, op={OP_NAMES.get(sig.op, sig.op)}{extra})"
     if kind in (K.ALLGATHER, K.ALLTOALL):
-        return f"{name}(dtype={element_name(sig[1])}, shape=(*, {', '.join(map(str, sig[2]))}))" \
-            if sig[2] else f"{name}(dtype={element_name(sig[1])}, shape=(*,))"
+        return f"{name}(dtype={element_name(sig.elem)}, shape=(*, {', '.join(map(str, sig.shape))}))" \
+            if sig.shape else f"{name}(dtype={element_name(sig.elem)}, shape=(*,))"
     if kind == K.BROADCAST:
-        return f"{name}(dtype={element_name(sig[1])}, shape={sig[2]}, root_rank={sig[3]})"
+        return f"{name}(dtype={element_name(sig.elem)}, shape={sig.shape}, root_rank={sig.root})"
     return f"{name}()"
