@@ -285,7 +285,8 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
             sys.stdout.write(prepared.script)
         return EXIT_OK
     refuse_another_mpi(prepared.plan)
-    ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT))
+    ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT),
+                          root_option="--output-dir" if args.output_dir else "jobs folder")
     if not args.json:
         print(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}")
         sys.stdout.flush()

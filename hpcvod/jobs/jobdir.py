@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any, Iterable
 from hpcvod.launchers.shell import safe_name
 from hpcvod.schedulers.jobfiles import RECORD_FILE, job_modes, json_kind, read_json, write_job_file
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import make_dir, open_regular
+from hpcvod.sites.files import open_private_dir, open_regular
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"
@@ -25,37 +27,79 @@ def default_roots() -> list[Path]:
     return roots + [Path(DEFAULT_ROOT)]
 
 
-def ensure_root(root: Path, shared: bool = False) -> None:
-    """The jobs root, created private (or group-readable with ``shared``) if missing; an existing one keeps its
-    mode."""
-    if not root.is_dir():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            make_dir(root, job_modes(shared).folder)
-        except FileExistsError:
-            pass  # made a moment ago by another submit: its mode stays
+def open_root(root: Path, shared: bool = False, what: str = "jobs folder") -> tuple[int, Path]:
+    """The jobs root opened (a descriptor) with its real path, once no other user can change it or a folder above
+    it (``open_private_dir``: else one UserError line starting ``<what> <root>``). Missing folders are created
+    private, or group-readable with ``shared``, whatever the umask; an existing root keeps its mode."""
+    return open_private_dir(root, f"{what} {root}", job_modes(shared).folder)
 
 
-def create_job_dir(root: Path, job_name: str, now: float | None = None, shared: bool = False) -> Path:
-    """A new folder ``root/<name>-<YYYYmmdd-HHMMSS>[-N]``; an existing folder is never reused. The folder (and
-    ``root`` when this creates it; an existing root keeps its mode) is private, or group-readable with
-    ``shared``, whatever the umask."""
+def ensure_root(root: Path, shared: bool = False, what: str = "jobs folder") -> Path:
+    """``open_root`` for callers that write into the root by path (the Python API's pickles): its real path."""
+    fd, real = open_root(root, shared, what)
+    os.close(fd)
+    return real
+
+
+@dataclass
+class NewJobDir:
+    """A job folder just created, open: hpcvod writes its files relative to ``fd`` (write_job_file's
+    ``folder_fd``), never through its path again; the scheduler, which needs a path, gets ``path``, a path no
+    other user can change (open_private_dir)."""
+
+    path: Path
+    fd: int
+    root_fd: int
+
+    def remove(self) -> None:
+        """The folder and what is in it, through the open root (nothing half-done when a submit fails)."""
+        shutil.rmtree(self.path.name, dir_fd=self.root_fd, ignore_errors=True)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.root_fd)
+
+    def __enter__(self) -> "NewJobDir":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_new_job_dir(root: Path, job_name: str, now: float | None = None, shared: bool = False,
+                     what: str = "jobs folder") -> NewJobDir:
+    """A new folder ``root/<name>-<YYYYmmdd-HHMMSS>[-N]``, opened; an existing folder is never reused. The folder
+    (and ``root`` and the folders above it when this creates them; an existing root keeps its mode) is private, or
+    group-readable with ``shared``, whatever the umask. ``root`` is checked first (``open_root``)."""
     modes = job_modes(shared)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    ensure_root(root, shared)
+    root_fd, real_root = open_root(root, shared, what)
     base = f"{safe_name(job_name, 48)}-{stamp}"
-    for attempt in range(1, 10_000):
-        path = root / (base if attempt == 1 else f"{base}-{attempt}")
-        try:
-            make_dir(path, modes.folder)  # atomic: two submits in the same second get different folders
-            return path.resolve()
-        except FileExistsError:
-            continue
+    try:
+        for attempt in range(1, 10_000):
+            name = base if attempt == 1 else f"{base}-{attempt}"
+            try:
+                os.mkdir(name, modes.folder, dir_fd=root_fd)  # atomic: two submits in one second get two folders
+            except FileExistsError:
+                continue
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            os.fchmod(fd, modes.folder | (os.fstat(fd).st_mode & stat.S_ISGID))  # whatever the umask
+            return NewJobDir(path=real_root / name, fd=fd, root_fd=root_fd)
+    except BaseException:
+        os.close(root_fd)
+        raise
+    os.close(root_fd)
     raise UserError(f"{root}: cannot create a new job folder for {base}")
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_job_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def create_job_dir(root: Path, job_name: str, now: float | None = None, shared: bool = False) -> Path:
+    """``open_new_job_dir``'s folder, by path."""
+    with open_new_job_dir(root, job_name, now, shared) as job_dir:
+        return job_dir.path
+
+
+def write_json(path: Path, data: dict[str, Any], folder_fd: int | None = None) -> None:
+    write_job_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n", folder_fd=folder_fd)
 
 
 def _text_field(data: dict[str, Any], key: str, path: Path) -> str:

@@ -4,14 +4,13 @@ hpcvod.jobs.watch)."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from hpcvod import __version__
-from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, create_job_dir, write_json
+from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, open_new_job_dir, write_json
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
@@ -52,25 +51,30 @@ def secret_values(names: Sequence[str], environ: Mapping[str, str] | None = None
     return {name: environ[name] for name in names}
 
 
-def submit_prepared(prepared: Prepared, jobs_root: Path, extra_request: dict | None = None) -> JobRef:
-    """Write a new job folder and hand it to the scheduler; if the scheduler refuses, the folder goes away."""
+def submit_prepared(prepared: Prepared, jobs_root: Path, extra_request: dict | None = None,
+                    root_option: str = "jobs folder") -> JobRef:
+    """Write a new job folder and hand it to the scheduler; if the scheduler refuses, the folder goes away. A jobs
+    root another user could change is refused first (one UserError line starting ``<root_option> <jobs_root>``,
+    nothing created); the files are written relative to the open folder (jobdir.open_new_job_dir)."""
     plan = prepared.plan
     secrets = secret_values(plan.secret_env)  # before any folder exists: a missing one is one line, nothing left
-    job_dir = create_job_dir(jobs_root, plan.job_name, shared=plan.shared_job_dir)
-    try:
-        script = job_dir / prepared.script_name
-        write_job_file(script, prepared.script, executable=True)
-        write_json(job_dir / REQUEST_FILE, {
-            "hpcvod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": list(plan.command), "script": prepared.script_name, "plan": plan.to_dict(),
-            "secret_env": list(plan.secret_env), **(extra_request or {})})
-        scheduler = scheduler_for(prepared.site)
-        submitted = scheduler.submit(job_dir, script, secrets)
-        write_json(job_dir / RECORD_FILE, {"job_id": submitted.job_id, "scheduler": scheduler.name,
-                                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **submitted.extra})
-    except BaseException:
-        shutil.rmtree(job_dir, ignore_errors=True)  # nothing half-done: no folder for a job that does not exist
-        raise
+    with open_new_job_dir(jobs_root, plan.job_name, shared=plan.shared_job_dir, what=root_option) as new:
+        job_dir = new.path
+        try:
+            script = job_dir / prepared.script_name
+            write_job_file(script, prepared.script, executable=True, folder_fd=new.fd)
+            write_json(job_dir / REQUEST_FILE, {
+                "hpcvod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": list(plan.command), "script": prepared.script_name, "plan": plan.to_dict(),
+                "secret_env": list(plan.secret_env), **(extra_request or {})}, folder_fd=new.fd)
+            scheduler = scheduler_for(prepared.site)
+            submitted = scheduler.submit(job_dir, script, secrets)
+            write_json(job_dir / RECORD_FILE, {"job_id": submitted.job_id, "scheduler": scheduler.name,
+                                               "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **submitted.extra},
+                       folder_fd=new.fd)
+        except BaseException:
+            new.remove()  # nothing half-done: no folder for a job that does not exist
+            raise
     return JobRef(job_id=submitted.job_id, scheduler=scheduler.name, site=plan.site, site_source=plan.site_source,
                   job_dir=job_dir)
 

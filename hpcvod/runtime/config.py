@@ -1,57 +1,93 @@
-"""Runtime settings from the environment.
+"""Runtime settings from the environment, all read through one helper (:class:`Setting`).
 
 Every setting is read from ``HPCVOD_<NAME>`` and, for drop-in use of Horovod job scripts, also from
 ``HOROVOD_<NAME>``; the ``HPCVOD_`` spelling wins when both are set. docs/contract.md and docs/runtime.md
-list them. A malformed value raises :class:`~hpcvod.runtime.errors.HpcvodConfigError` naming the variable.
+list them. A malformed value raises :class:`~hpcvod.runtime.errors.HpcvodConfigError` naming the variable and
+what was expected. Numbers must be finite and inside their bounds: an infinite cycle time would end the engine's
+thread in ``time.sleep``, an infinite timeout would overflow the deadline watcher's ``select``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional
 
 from .errors import HpcvodConfigError, first_of
-
-T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 
+GIB = 1 << 30
+MAX_SECONDS = 30 * 24 * 3600   # 30 days: longer than any batch job's time limit, far below select()'s limit
 
-def lookup(name: str, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[str], Optional[str]]:
+
+def lookup(name: str, env: Optional[Mapping[str, str]] = None,
+           horovod: bool = True) -> tuple[Optional[str], Optional[str]]:
     """Return ``(variable, value)`` for setting ``name`` (``HPCVOD_<name>`` first, then ``HOROVOD_<name>``)."""
     env = os.environ if env is None else env
-    for prefix in ("HPCVOD_", "HOROVOD_"):
+    for prefix in ("HPCVOD_", "HOROVOD_") if horovod else ("HPCVOD_",):
         var = prefix + name
         if var in env:
             return var, env[var]
     return None, None
 
 
-def _parse(name: str, default: T, convert: Callable[[str], T], expected: str,
-           env: Optional[Mapping[str, str]]) -> T:
-    var, raw = lookup(name, env)
-    if var is None or raw is None:
-        return default
-    try:
-        return convert(raw.strip())
-    except (ValueError, TypeError):
-        raise HpcvodConfigError(f"{var}={raw!r}: expected {expected}") from None
+@dataclass(frozen=True)
+class Setting:
+    """One ``HPCVOD_<name>`` variable: how its text becomes a value and what it must be.
+
+    ``parse`` raises ValueError for a value outside what ``expected`` says. ``horovod``: also read as
+    ``HOROVOD_<name>``. ``blank_is_unset``: an empty value counts as not set (job scripts that export it empty).
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    expected: str
+    horovod: bool = True
+    blank_is_unset: bool = False
+
+    def read(self, default: Any, env: Optional[Mapping[str, str]] = None) -> Any:
+        """The value in ``env`` (default: os.environ), or ``default`` when unset; HpcvodConfigError when bad."""
+        var, raw = lookup(self.name, env, self.horovod)
+        if var is None or raw is None or (self.blank_is_unset and not raw.strip()):
+            return default
+        try:
+            return self.parse(raw.strip())
+        except (ValueError, TypeError, OverflowError):
+            shown = repr(raw) if len(raw) <= 80 else repr(raw[:60]) + f"... ({len(raw)} characters)"
+            raise HpcvodConfigError(f"{var}={shown}: expected {self.expected}") from None
 
 
-def _non_negative_int(raw: str) -> int:
-    value = int(float(raw)) if raw.replace(".", "", 1).isdigit() else int(raw)
-    if value < 0:
-        raise ValueError(raw)
-    return value
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a numeric setting, in the unit its variable is given in."""
+
+    low: float
+    high: float
+    whole: bool = False
+
+    def parse(self, raw: str) -> float:
+        value: float = float(raw)
+        if self.whole:
+            value = int(raw) if raw.lstrip("+-").isdigit() else int(value) if value.is_integer() else float("nan")
+        if not self.low <= value <= self.high:   # NaN and the infinities fail here too
+            raise ValueError(raw)
+        return value
 
 
-def _non_negative_float(raw: str) -> float:
-    value = float(raw)
-    if not value >= 0:  # also rejects NaN
-        raise ValueError(raw)
-    return value
+def number(name: str, low: float, high: float, unit: str, whole: bool = False, note: str = "",
+           horovod: bool = True, blank_is_unset: bool = False) -> Setting:
+    """A numeric setting that must lie in [low, high] (a whole number with ``whole``)."""
+    bounds = Bounds(low, high, whole)
+    kind = ("a non-negative" if low == 0 else "a") + (" whole" if whole else "")
+    expected = f"{kind} number of {unit}{f' ({note})' if note else ''}, " + (
+        f"at most {_figure(high)}" if low == 0 else f"from {_figure(low)} to {_figure(high)}")
+    return Setting(name, bounds.parse, expected, horovod, blank_is_unset)
+
+
+def _figure(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _bool(raw: str) -> bool:
@@ -63,11 +99,42 @@ def _bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def _gpu_operations(raw: str) -> str:
-    low = raw.lower() or "auto"
-    if low not in ("auto", "nccl", "mpi"):
-        raise ValueError(raw)
-    return low
+def flag(name: str) -> Setting:
+    return Setting(name, _bool, "0 or 1")
+
+
+def choice(name: str, choices: tuple[str, ...], empty: Optional[str] = None, horovod: bool = True,
+           blank_is_unset: bool = False) -> Setting:
+    """One of ``choices`` (case-insensitive); an empty value means ``empty`` when given."""
+    def parse(raw: str) -> str:
+        low = raw.lower() or (empty or "")
+        if low not in choices:
+            raise ValueError(raw)
+        return low
+    return Setting(name, parse, "one of " + ", ".join(choices), horovod, blank_is_unset)
+
+
+# Every setting the runtime reads; nothing in hpcvod.runtime or hpcvod.frameworks reads another HPCVOD_ variable
+# as a setting (HPCVOD_JOB_DIR and HPCVOD_CHECKPOINT_DIR are paths the job script gives).
+FUSION_THRESHOLD = number("FUSION_THRESHOLD", 0, 64 * GIB, "bytes", whole=True, note="0 disables fusion")
+CYCLE_TIME = number("CYCLE_TIME", 0, 1000, "milliseconds")
+CACHE_CAPACITY = number("CACHE_CAPACITY", 0, 1 << 20, "entries", whole=True,
+                        note="0 disables the response cache")
+TIMELINE_MARK_CYCLES = flag("TIMELINE_MARK_CYCLES")
+STALL_CHECK_DISABLE = flag("STALL_CHECK_DISABLE")
+STALL_CHECK_TIME = number("STALL_CHECK_TIME_SECONDS", 0, MAX_SECONDS, "seconds")
+STALL_SHUTDOWN_TIME = number("STALL_SHUTDOWN_TIME_SECONDS", 0, MAX_SECONDS, "seconds", note="0 = never")
+HIERARCHICAL_ALLREDUCE = flag("HIERARCHICAL_ALLREDUCE")
+GPU_OPERATIONS = choice("GPU_OPERATIONS", ("auto", "nccl", "mpi"), empty="auto")
+WATCHDOG = flag("WATCHDOG")
+HEARTBEAT_TIMEOUT = number("HEARTBEAT_TIMEOUT_SECONDS", 0, MAX_SECONDS, "seconds",
+                           note="0 = only closed connections count")
+INIT_TIMEOUT = number("INIT_TIMEOUT", 0, MAX_SECONDS, "seconds", note="0 = wait for ever")
+PIN_GPU = flag("PIN_GPU")
+# What the job script promised (docs/contract.md); hpcvod's own, so no HOROVOD_ spelling
+WORLD_SIZE = number("WORLD_SIZE", 1, 1 << 24, "ranks", whole=True, horovod=False, blank_is_unset=True)
+MPI_FLAVOUR = choice("MPI_FLAVOUR", ("openmpi", "intelmpi", "mpich", "mvapich"), horovod=False,
+                     blank_is_unset=True)
 
 
 # Settings every rank's engine must share (field -> setting name): ranks that fuse, cache, time or route
@@ -115,6 +182,7 @@ class Settings:
     watchdog: bool = True
     heartbeat_timeout_seconds: float = 30.0
     init_timeout_seconds: float = 300.0
+    pin_gpu: bool = True
 
     def shared(self) -> tuple:
         """The values of SHARED_SETTINGS, for comparison across ranks."""
@@ -125,27 +193,18 @@ class Settings:
         d = cls()
         _, timeline = lookup("TIMELINE", env)
         return cls(
-            fusion_threshold=_parse("FUSION_THRESHOLD", d.fusion_threshold, _non_negative_int,
-                                    "a non-negative number of bytes (0 disables fusion)", env),
-            cycle_time_ms=_parse("CYCLE_TIME", d.cycle_time_ms, _non_negative_float,
-                                 "a non-negative number of milliseconds", env),
-            cache_capacity=_parse("CACHE_CAPACITY", d.cache_capacity, _non_negative_int,
-                                  "a non-negative number of entries (0 disables the response cache)", env),
+            fusion_threshold=FUSION_THRESHOLD.read(d.fusion_threshold, env),
+            cycle_time_ms=CYCLE_TIME.read(d.cycle_time_ms, env),
+            cache_capacity=CACHE_CAPACITY.read(d.cache_capacity, env),
             timeline=timeline or None,
-            timeline_mark_cycles=_parse("TIMELINE_MARK_CYCLES", d.timeline_mark_cycles, _bool, "0 or 1", env),
-            stall_check_disable=_parse("STALL_CHECK_DISABLE", d.stall_check_disable, _bool, "0 or 1", env),
-            stall_check_time_seconds=_parse("STALL_CHECK_TIME_SECONDS", d.stall_check_time_seconds,
-                                            _non_negative_float, "a non-negative number of seconds", env),
-            stall_shutdown_time_seconds=_parse("STALL_SHUTDOWN_TIME_SECONDS", d.stall_shutdown_time_seconds,
-                                               _non_negative_float,
-                                               "a non-negative number of seconds (0 = never)", env),
-            hierarchical_allreduce=_parse("HIERARCHICAL_ALLREDUCE", d.hierarchical_allreduce, _bool,
-                                          "0 or 1", env),
-            gpu_operations=_parse("GPU_OPERATIONS", d.gpu_operations, _gpu_operations,
-                                  "one of auto, nccl, mpi", env),
-            watchdog=_parse("WATCHDOG", d.watchdog, _bool, "0 or 1", env),
-            heartbeat_timeout_seconds=_parse("HEARTBEAT_TIMEOUT_SECONDS", d.heartbeat_timeout_seconds,
-                                             _non_negative_float, "a non-negative number of seconds", env),
-            init_timeout_seconds=_parse("INIT_TIMEOUT", d.init_timeout_seconds, _non_negative_float,
-                                        "a non-negative number of seconds (0 = wait for ever)", env),
+            timeline_mark_cycles=TIMELINE_MARK_CYCLES.read(d.timeline_mark_cycles, env),
+            stall_check_disable=STALL_CHECK_DISABLE.read(d.stall_check_disable, env),
+            stall_check_time_seconds=STALL_CHECK_TIME.read(d.stall_check_time_seconds, env),
+            stall_shutdown_time_seconds=STALL_SHUTDOWN_TIME.read(d.stall_shutdown_time_seconds, env),
+            hierarchical_allreduce=HIERARCHICAL_ALLREDUCE.read(d.hierarchical_allreduce, env),
+            gpu_operations=GPU_OPERATIONS.read(d.gpu_operations, env),
+            watchdog=WATCHDOG.read(d.watchdog, env),
+            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT.read(d.heartbeat_timeout_seconds, env),
+            init_timeout_seconds=INIT_TIMEOUT.read(d.init_timeout_seconds, env),
+            pin_gpu=PIN_GPU.read(d.pin_gpu, env),
         )

