@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hpcvod.launchers.shell import safe_name
-from hpcvod.schedulers.jobfiles import RECORD_FILE, job_modes, json_kind, read_json, write_job_file
+from hpcvod.schedulers.jobfiles import (RECORD_FILE, job_modes, json_kind, open_job_file, read_json,
+                                       write_job_file)
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_private_dir, open_regular
+from hpcvod.sites.files import open_private_dir
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"
@@ -157,7 +158,7 @@ def _check_outputs(job_dir: Path) -> None:
     read_exit_file(job_dir)
     for name, what in ((OUTPUT_FILE, "job output"), (CANCEL_FILE, "cancel mark")):
         try:
-            open_regular(job_dir / name, what).close()
+            open_job_file(job_dir / name, what).close()
         except FileNotFoundError:
             pass  # not there yet
 

@@ -32,14 +32,14 @@ from pathlib import Path
 
 from submitit.core import core, utils
 
-from hpcvod.jobs.jobdir import JobRef, ensure_root
+from hpcvod.jobs.jobdir import REQUEST_FILE, JobRef, ensure_root
 from hpcvod.jobs.spec import DATA_SERVICE_OPTIONS, JobSpec, data_service_spec
 from hpcvod.jobs.submission import cancel_job, job_status, prepare, refuse_another_mpi, submit_prepared
 from hpcvod.jobs.watch import wait_for
 from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
-from hpcvod.schedulers.jobfiles import job_modes
+from hpcvod.schedulers.jobfiles import job_modes, open_job_file, read_json
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import job_options, option_names
 from hpcvod.sites.loader import Site, discover_site
@@ -72,9 +72,7 @@ class HpcvodJob(core.Job):
 
     @property
     def world_size(self) -> int:
-        import json
-
-        return int(json.loads((self.job_dir / "request.json").read_text())["plan"]["world_size"])
+        return int(read_json(self.job_dir / REQUEST_FILE)["plan"]["world_size"])
 
     @property
     def state(self) -> str:
@@ -127,8 +125,11 @@ class HpcvodJob(core.Job):
         return None
 
     def stdout(self) -> tp.Optional[str]:
-        path = self.job_dir / OUTPUT_FILE
-        return path.read_text(errors="replace") if path.exists() else None
+        try:
+            with open_job_file(self.job_dir / OUTPUT_FILE, "job output") as f:
+                return f.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
 
     def stderr(self) -> tp.Optional[str]:
         return None  # stderr is merged into output.log (see stdout())

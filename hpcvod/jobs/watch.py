@@ -13,8 +13,8 @@ from typing import IO, Any, Callable, Iterable
 from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, default_roots, read_json, ref_from_dir
 from hpcvod.launchers.label import LABELLED
 from hpcvod.schedulers.base import EXIT_FILE, PENDING, RUNNING, JobStatus
+from hpcvod.schedulers.jobfiles import open_job_file
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_regular
 
 _NO_REASON = ("", "None", "(null)")
 _TASK_LOG = re.compile(r"output\.(\d+)\.log")  # an array task's log (schedulers.base.task_output_file)
@@ -131,7 +131,7 @@ def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, 
     while True:
         finished = not follow or scheduler.status(ref.job_id, ref.job_dir).finished
         try:
-            with open_regular(path, "job output") as f:  # a FIFO or folder there: one line, not a hang
+            with open_job_file(path, "job output") as f:  # a FIFO, folder or link there: one line
                 if f.seek(0, 2) < position:
                     position = 0
                     decoder.reset()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import read_text_bounded
+from hpcvod.schedulers.jobfiles import read_job_text
 from hpcvod.sites.joboptions import JobOptions, flag
 
 # hpcvod's job states; every scheduler maps its own words onto these.
@@ -316,7 +316,7 @@ def read_exit_file(job_dir: Path | None, name: str = EXIT_FILE) -> int | None:
         return None
     path = job_dir / name
     try:
-        text = read_text_bounded(path, 64, "exit status file").strip()
+        text = read_job_text(path, 64, "exit status file").strip()
     except FileNotFoundError:
         return None
     if not text:

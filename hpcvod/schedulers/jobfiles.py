@@ -8,10 +8,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_append, read_text_bounded, write_atomic
+from hpcvod.sites.files import open_append, open_regular, read_text_bounded, write_atomic
 
 RECORD_FILE = "job.json"      # what the scheduler said (written at submit)
 MAX_JSON_BYTES = 1 << 20  # what hpcvod writes there is a few KiB
@@ -62,11 +62,22 @@ def open_job_log(path: Path):  # -> BinaryIO
     return open_append(path, modes_of(path.parent).file)
 
 
+def open_job_file(path: Path, what: str) -> BinaryIO:
+    """THE way hpcvod opens a file of a job folder for reading (output.log, a task's log): a regular file, never
+    through a symbolic link, and a FIFO refused without waiting (open_regular)."""
+    return open_regular(path, what, nofollow=True)
+
+
+def read_job_text(path: Path, limit: int, what: str) -> str:
+    """A small text file of a job folder (job.json, request.json, exitcode) read as ``open_job_file`` opens it."""
+    return read_text_bounded(path, limit, what, nofollow=True)
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A job folder's JSON object; {} when the file is missing, a UserError naming it when it is anything but
-    the JSON object hpcvod wrote (empty, truncated, not UTF-8, a list, a FIFO, huge)."""
+    the JSON object hpcvod wrote (empty, truncated, not UTF-8, a list, a FIFO, a symbolic link, huge)."""
     try:
-        text = read_text_bounded(path, MAX_JSON_BYTES, "job file")
+        text = read_job_text(path, MAX_JSON_BYTES, "job file")
     except FileNotFoundError:
         return {}
     if not text.strip():

@@ -20,17 +20,23 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, 
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def open_regular(path: Path, what: str) -> BinaryIO:
+def open_regular(path: Path, what: str, nofollow: bool = False) -> BinaryIO:
     """``path`` opened for binary reading if it is a regular file. A missing file raises FileNotFoundError
-    (callers decide what absence means); anything else that is wrong is a UserError naming the file."""
+    (callers decide what absence means); anything else that is wrong is a UserError naming the file. With
+    ``nofollow`` (every file read from a job folder) a symbolic link there is refused, not read through: another
+    user's link to a secret must not be printed by ``hpcvod logs``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
     try:
         # O_NONBLOCK: opening a FIFO that nobody writes to returns at once, so the fstat below can refuse it
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
     except FileNotFoundError:
         raise
     except ValueError:  # a NUL byte in the name
         raise UserError(f"{path!r}: cannot read {what}: the name holds a NUL byte") from None
     except OSError as err:
+        if nofollow and err.errno == errno.ELOOP:
+            raise UserError(f"{path}: cannot read {what}: it is a symbolic link, expected a regular file "
+                            "(hpcvod reads no link in a job folder)") from None
         raise UserError(f"{path}: cannot read {what} ({err.strerror or err})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -41,9 +47,9 @@ def open_regular(path: Path, what: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def read_bounded(path: Path, limit: int, what: str) -> bytes:
+def read_bounded(path: Path, limit: int, what: str, nofollow: bool = False) -> bytes:
     """The whole file, if it is a regular file of at most ``limit`` bytes (see ``open_regular``)."""
-    with open_regular(path, what) as f:
+    with open_regular(path, what, nofollow) as f:
         try:
             data = f.read(limit + 1)  # not st_size alone: a file may grow while it is read
         except OSError as err:
@@ -53,9 +59,9 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
-def read_text_bounded(path: Path, limit: int, what: str) -> str:
+def read_text_bounded(path: Path, limit: int, what: str, nofollow: bool = False) -> str:
     """``read_bounded`` decoded as UTF-8; other bytes are a UserError naming the first bad offset."""
-    data = read_bounded(path, limit, what)
+    data = read_bounded(path, limit, what, nofollow)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

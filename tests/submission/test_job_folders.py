@@ -240,7 +240,7 @@ def test_logs_decode_characters_split_across_reads(tmp_path, monkeypatch):
             self.f.close()
             super().close()
 
-    monkeypatch.setattr("hpcvod.jobs.watch.open_regular",
+    monkeypatch.setattr("hpcvod.jobs.watch.open_job_file",
                         lambda path, what: Tiny(real_open(os.open(path, os.O_RDONLY), "rb")))
     follow_output(ref, out, follow=False)
     assert out.getvalue() == "é" * 10 + "\n"

@@ -8,6 +8,7 @@ and, where the real attack is replayed, a second real user (test_privacy's `user
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -230,3 +231,90 @@ def test_an_output_dir_that_is_no_folder_is_one_line(cli, work, make):
     line = one_error_line(code, err, f"--output-dir {output_dir}: ", problem, "expected a folder")
     assert "Errno" not in line
     assert _tree(work) == before
+
+
+# ---- item 3: files of a job folder are read never through a symbolic link -----------------------------------
+
+SECRET = "TOPSECRET-4242"
+
+
+def _unused_pid() -> int:
+    pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    while Path(f"/proc/{pid}").exists():
+        pid -= 1
+    return pid
+
+
+def _finished_job(root: Path, name: str = "job-1", plan: dict | None = None) -> Path:
+    """A local job folder as submit leaves it once the job has ended (its pid long gone, exit status 0)."""
+    folder = root / "hpcvod-jobs" / name
+    folder.mkdir(parents=True)
+    pid = _unused_pid()
+    (folder / "job.json").write_text(json.dumps({"job_id": f"local-{pid}", "scheduler": "local", "pid": pid,
+                                                 "pgid": pid, "start_time": 1}))
+    (folder / "request.json").write_text(json.dumps({"plan": {"site": "local", "scheduler": "local",
+                                                              "site_source": "", **(plan or {})}}))
+    (folder / "output.log").write_text("[0]<stdout>: hello\n")
+    (folder / "exitcode").write_text("0\n")
+    return folder
+
+
+def _secret_file(tmp_path: Path, name: str) -> Path:
+    """Another file hpcvod must not print: here one that is itself a valid job file, holding the secret."""
+    secret = tmp_path / "elsewhere" / name
+    secret.parent.mkdir(exist_ok=True)
+    text = {"job.json": json.dumps({"job_id": SECRET}), "request.json": json.dumps({"plan": {"site": SECRET}}),
+            "exitcode": "0\n"}.get(name, f"[0]<stdout>: {SECRET}\n")
+    secret.write_text(text)
+    return secret
+
+
+LINKED = ["output.log", "job.json", "request.json", "exitcode", "output.0.log", "data-service.log"]
+
+
+@pytest.mark.parametrize("name", LINKED)
+@pytest.mark.parametrize("command", ["logs", "status", "jobs"])
+def test_a_symlink_in_a_job_folder_is_never_read_through(cli, tmp_path, name, command):
+    folder = _finished_job(tmp_path)
+    if name == "output.0.log":  # an array job's task log (no output.log)
+        (folder / "output.log").unlink()
+    (folder / name).unlink(missing_ok=True)
+    os.symlink(_secret_file(tmp_path, name), folder / name)
+    code, out, err = cli(command, *([] if command == "jobs" else [str(folder)]))
+    assert SECRET not in out + err
+    if command == "jobs":
+        if name in ("output.log", "job.json", "request.json", "exitcode"):  # the files a row reads
+            assert code == 0 and "BROKEN" in out and "symbolic link" in out, (out, err)
+    elif command == "logs" or name not in ("output.0.log", "data-service.log"):
+        one_error_line(code, err, str(folder / name), "it is a symbolic link, expected a regular file")
+
+
+def test_logs_do_not_print_this_process_environment(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCVOD_TEST_MARKER", SECRET)
+    folder = _finished_job(tmp_path)
+    (folder / "output.log").unlink()
+    os.symlink("/proc/self/environ", folder / "output.log")
+    code, out, err = cli("logs", str(folder))
+    assert SECRET not in out + err
+    one_error_line(code, err, "output.log", "symbolic link")
+
+
+def test_a_fifo_output_log_is_refused_without_waiting(cli, tmp_path):
+    folder = _finished_job(tmp_path)
+    (folder / "output.log").unlink()
+    os.mkfifo(folder / "output.log")  # nobody writes to it: a plain open would block for ever
+    code, out, err = cli("logs", str(folder))
+    one_error_line(code, err, "output.log", "it is a FIFO")
+
+
+def test_the_python_api_reads_a_job_folder_the_same_way(tmp_path):
+    from hpcvod.jobs.python_api import HpcvodJob
+
+    folder = _finished_job(tmp_path)
+    ref = ref_from_dir(folder)
+    job = HpcvodJob(folder=folder, job_id=ref.job_id, ref=ref)
+    assert job.stdout() == "[0]<stdout>: hello\n"
+    (folder / "output.log").unlink()
+    os.symlink(_secret_file(tmp_path, "output.log"), folder / "output.log")
+    with pytest.raises(UserError, match="symbolic link"):
+        job.stdout()
