@@ -538,6 +538,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
+def process_set_ids_and_ranks() -> dict[int, list[int]]:
+    """Every registered process set's id and global ranks (0: the whole job), as Horovod's basics report them."""
+    return {set_id: list(ps.ranks) for set_id, ps in sorted(runtime().sets.items())}
+
+
 def _attach_set(rt: Runtime, ps: ProcessSet, ranks: list[int], sub: Any) -> ProcessSet:
     from mpi4py import MPI
 

@@ -11,6 +11,9 @@ that training scripts can react (or not) precisely:
 * :class:`HpcvodRankFailureError`     - another rank died or failed; the job is being aborted
 * :class:`HpcvodStallError`           - the stall inspector's shutdown time was reached
 * :class:`HpcvodShutdownError`        - an operation was still pending when the runtime shut down
+
+Horovod's names for drop-in ``except`` clauses: ``HorovodInternalError`` (= :class:`HpcvodError`) and
+``HostsUpdatedInterrupt`` (elastic training's interrupt, deliberately outside the family).
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ def first_of(items: "list[str]", limit: int) -> str:
 # Horovod's name for "a collective failed because the job is broken", for drop-in ``except`` clauses.
 HorovodInternalError = HpcvodError
 
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's elastic interrupt: the job's hosts changed, so training resets without restoring the last
+    commit (``skip_sync``: the state need not be synchronised afterwards). Not an :class:`HpcvodError` on
+    purpose: an interrupt, not a failure, and ``except HorovodInternalError`` must not catch it."""
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(f"the job's hosts changed (skip_sync={skip_sync})")
+        self.skip_sync = skip_sync
+
 __all__ = [
     "HpcvodError",
     "HpcvodNotInitializedError",
@@ -74,4 +87,5 @@ __all__ = [
     "HpcvodStallError",
     "HpcvodShutdownError",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
 ]
