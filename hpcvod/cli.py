@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", dest="launcher", help="MPI launcher to use (default: the mpiexec beside this Python)")
     p.add_argument("--verbose", "-v", action="store_true", help="print the launch command before running it")
 
+    from hpcvod.jobs.timeline_summary import add_parser as add_timeline_parser
+
+    add_timeline_parser(sub)
     p = sub.add_parser("doctor", help="what MPI, launcher, mpi4py and frameworks this machine has")
     p.add_argument("--site", help="the site whose jobs to check (default: the one a submit from here would use)")
     return parser
@@ -288,7 +291,7 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
     ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT),
                           root_option="--output-dir" if args.output_dir else "jobs folder")
     if not args.json:
-        print(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}")
+        print(one_line(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}"))
         sys.stdout.flush()
     status = None
     if args.wait or args.show_output:
@@ -359,8 +362,8 @@ def _wait(ref, stream):  # -> JobStatus | None (None: Ctrl-C)
         return wait_for(ref, stream)
     except KeyboardInterrupt:
         where = ref.job_dir or ref.job_id
-        print(f"\nstopped waiting; job {ref.job_id} goes on (hpcvod status {where}; to stop it: hpcvod cancel "
-              f"{where})", file=sys.stderr)
+        print("\n" + one_line(f"stopped waiting; job {ref.job_id} goes on (hpcvod status {where}; to stop it: "
+                                f"hpcvod cancel {where})"), file=sys.stderr)
         return None
 
 
@@ -396,12 +399,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         line += f", {status.reason})" if status.reason and status.reason not in ("None", "(null)") else ")"
     if ref.job_dir:
         line += f"  folder={ref.job_dir}"
-    print(line)
+    print(one_line(line))  # what the job folder and the scheduler said, escaped: no terminal escape, one line
     for index, task in tasks:  # an array job: each task's own state and exit status
-        print(f"  task {index}  {task.state}" + (f"  exit={task.exit_code}" if task.exit_code is not None else ""))
+        print(one_line(f"  task {index}  {task.state}"
+                       + (f"  exit={task.exit_code}" if task.exit_code is not None else "")))
     for index, (name, part) in enumerate(parts):  # a heterogeneous job: the compute part and the training
-        print(f"  component {index} ({name})  {part.state}"
-              + (f"  exit={part.exit_code}" if part.exit_code is not None else ""))
+        print(one_line(f"  component {index} ({name})  {part.state}"
+                       + (f"  exit={part.exit_code}" if part.exit_code is not None else "")))
     return EXIT_FAILED if args.wait and status.state != "COMPLETED" else EXIT_OK
 
 
@@ -416,12 +420,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise UserError(f"JOB {args.job!r}: logs need the job folder (no folder records this id)")
     logs = log_files(ref)
     if not args.follow and not logs[0][1].exists():
-        print(f"(no output yet: {ref.output})", file=sys.stderr)
+        print(one_line(f"(no output yet: {ref.output})"), file=sys.stderr)
         return EXIT_OK
     try:
         for index, path in logs:  # an array job: each task's log in turn, under a header
             if index is not None:
-                print(f"==> array task {index}: {path.name} <==", flush=True)
+                print(one_line(f"==> array task {index}: {path.name} <=="), flush=True)
             follow_output(ref, sys.stdout, follow=args.follow, rank=args.rank, path=path)
         compute_log = ref.job_dir / DATA_SERVICE_LOG  # submit --data-service-nodes: the compute job's own log
         if compute_log.exists():
@@ -453,7 +457,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     ref = _job_ref(args.job, args.site)
     cancel_job(ref)
-    print(f"cancel requested for job {ref.job_id} ({ref.scheduler})")
+    print(one_line(f"cancel requested for job {ref.job_id} ({ref.scheduler})"))
     return EXIT_OK
 
 
@@ -542,6 +546,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hpcvod.launchers.run import run_command
 
             return run_command(args, program)
+        if args.command == "timeline":
+            from hpcvod.jobs.timeline_summary import summary_command
+
+            return summary_command(args)
         if args.command == "doctor":
             from hpcvod.launchers.doctor import doctor
             from hpcvod.schedulers import profile_options
