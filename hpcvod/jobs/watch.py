@@ -14,7 +14,7 @@ from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, default_roots,
 from hpcvod.launchers.label import LABELLED
 from hpcvod.schedulers.base import EXIT_FILE, PENDING, RUNNING, JobStatus
 from hpcvod.schedulers.jobfiles import open_job_file
-from hpcvod.sites.errors import UserError
+from hpcvod.sites.errors import UserError, one_line
 
 _NO_REASON = ("", "None", "(null)")
 _TASK_LOG = re.compile(r"output\.(\d+)\.log")  # an array task's log (schedulers.base.task_output_file)
@@ -38,7 +38,7 @@ def describe(ref: JobRef, status: JobStatus) -> str:
         text += f" (exit {status.exit_code})"
     elif status.reason not in _NO_REASON and not status.finished:
         text += f" ({status.reason})"
-    return text
+    return one_line(text)
 
 
 def timing(status: JobStatus, running_since: float | None, now: float) -> str:
@@ -235,12 +235,12 @@ def job_row(folder: Path, now: float | None = None) -> JobRow:
 def format_rows(rows: list[JobRow]) -> list[str]:
     """A table: NAME ID SITE STATE SUBMITTED ELAPSED EXIT, one job per line, newest first."""
     table = [("NAME", "ID", "SITE", "STATE", "SUBMITTED", "ELAPSED", "EXIT")]
-    for row in rows:
-        table.append((row.name, row.job_id or "-", row.site or "-", row.state,
-                      row.submitted.replace("T", " ")[:16] or "-",
-                      clock(row.elapsed_seconds) if row.elapsed_seconds is not None else "-",
-                      str(row.exit_code) if row.exit_code is not None else "-"))
+    for row in rows:  # what a job folder says is shown escaped: no terminal escape, no row split in two
+        table.append(tuple(one_line(cell) for cell in (
+            row.name, row.job_id or "-", row.site or "-", row.state, row.submitted.replace("T", " ")[:16] or "-",
+            clock(row.elapsed_seconds) if row.elapsed_seconds is not None else "-",
+            str(row.exit_code) if row.exit_code is not None else "-")))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
-    lines += [f"{row.name}: {row.note}" for row in rows if row.note]
+    lines += [one_line(f"{row.name}: {row.note}") for row in rows if row.note]
     return lines

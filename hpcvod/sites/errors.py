@@ -2,8 +2,10 @@
 
 import re
 
-# what str.splitlines() breaks on, and the other control characters a terminal would act on
-_LINE_BREAKING = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# what str.splitlines() breaks on, the other control characters a terminal would act on (C0, DEL, C1: 0x9b is a
+# CSI on some terminals), the marks that reorder text on screen (bidi controls), and the lone surrogates that stand
+# for bytes of a file name that are not UTF-8 (printing one raises UnicodeEncodeError)
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 class UserError(Exception):
@@ -41,5 +43,7 @@ def format_key_path(path: tuple[str | int, ...]) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line: a file name or value holding a newline (or a terminal escape) is shown escaped."""
-    return _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], text)  # "\n" -> "\\n", ESC -> "\\x1b"
+    """``text`` on one line, safe for a terminal: a file name or value holding a newline, a terminal escape or a
+    control character is shown escaped (ESC as \\x1b). THE filter for whatever hpcvod prints that came from a
+    user, a job folder or a scheduler."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)  # "\n" -> "\\n", ESC -> "\\x1b"

@@ -318,3 +318,59 @@ def test_the_python_api_reads_a_job_folder_the_same_way(tmp_path):
     os.symlink(_secret_file(tmp_path, "output.log"), folder / "output.log")
     with pytest.raises(UserError, match="symbolic link"):
         job.stdout()
+
+
+# ---- item 4: what is printed from a job folder is shown escaped ------------------------------------------
+
+# ESC[2J clears the screen, an OSC sets the window title, CSI as one C1 byte, a newline splits a table row, a
+# right-to-left override turns text around, a lone surrogate (a name that is not UTF-8) cannot even be printed
+HOSTILE = "x\x1b[2J\x1b]0;pwned\x07\x9b31m\nFAKE ROW\u202eZ"
+RAW = ("\x1b", "\x07", "\x9b", "\u202e")
+
+
+def _hostile_job(root: Path) -> Path:
+    folder = _finished_job(root, name="job" + HOSTILE, plan={"site": "site" + HOSTILE})
+    record = json.loads((folder / "job.json").read_text())
+    (folder / "job.json").write_text(json.dumps({**record, "submitted": "2026-11-25T10:00:00" + HOSTILE}))
+    return folder
+
+
+def _assert_escaped(text: str) -> None:
+    assert not any(c in text for c in RAW), repr(text)
+    assert "\\x1b[2J" in text and "\\x1b]0;pwned\\x07" in text
+
+
+def test_jobs_shows_control_characters_escaped(cli, tmp_path):
+    _hostile_job(tmp_path)
+    os.mkdir(tmp_path / "hpcvod-jobs" / ("broken" + HOSTILE))  # a BROKEN row: its note names the folder
+    (tmp_path / "hpcvod-jobs" / ("broken" + HOSTILE) / "request.json").write_text("[]")
+    code, out, err = cli("jobs")
+    assert code == 0, err
+    _assert_escaped(out)
+    lines = out.splitlines()
+    assert len(lines) == 4, out  # the header, two rows, the broken folder's note: no row split by a newline
+    assert "FAKE ROW" not in "".join(line[:3] for line in lines)
+
+
+def test_status_shows_control_characters_escaped(cli, tmp_path):
+    folder = _hostile_job(tmp_path)
+    code, out, err = cli("status", str(folder))
+    assert code == 0, err
+    _assert_escaped(out)
+    assert len(out.splitlines()) == 1, out
+
+
+def test_logs_headers_show_control_characters_escaped(cli, tmp_path):
+    folder = _hostile_job(tmp_path)
+    (folder / "output.log").unlink()  # no output yet: the line names the folder
+    code, out, err = cli("logs", str(folder))
+    assert code == 0, err
+    _assert_escaped(err)
+    assert len(err.splitlines()) == 1, err
+
+
+def test_a_folder_name_that_is_not_utf8_is_printed(cli, tmp_path):
+    folder = _finished_job(tmp_path, name=os.fsdecode(b"job-\xff\xfe"))
+    code, out, err = cli("jobs")
+    assert code == 0, err
+    assert "job-\\udcff\\udcfe" in out
