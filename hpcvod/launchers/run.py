@@ -24,6 +24,7 @@ from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_ou
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
 from hpcvod.launchers.shell import parse_env, shell_join
 from hpcvod.sites.errors import UserError
+from hpcvod.sites.files import read_text_bounded
 
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -52,54 +53,95 @@ def rank_python(program: list[str]) -> list[str]:
     return [sys.executable, *program[1:]]
 
 
+_SLOTS = re.compile(r"[0-9]{1,7}")   # ASCII digits only: int() would also take '²' or '١'
+HOSTFILE_LIMIT = 1 << 20            # one line per host: far more than any cluster's hosts
+
+
+def _slots(text: str) -> int:
+    """A host's slot count: a positive whole number (``0``, ``00`` and ``-1`` are not)."""
+    if not _SLOTS.fullmatch(text) or int(text) < 1:
+        raise ValueError(text)
+    return int(text)
+
+
 def parse_hosts(text: str, origin: str = "-H") -> list[tuple[str, int]]:
     """``h1:2,h2:2`` (or ``h1,h2``: one slot each) -> [(host, slots)]."""
     hosts = []
     for item in text.split(","):
-        name, _, slots = item.strip().partition(":")
-        if not _HOST.fullmatch(name) or (slots and not slots.isdigit()) or slots == "0":
-            raise UserError(f"{origin} {text!r}: expected host[:slots],... like node1:2,node2:2")
-        hosts.append((name, int(slots) if slots else 1))
+        name, colon, slots = item.strip().partition(":")
+        try:
+            if not _HOST.fullmatch(name):
+                raise ValueError(name)
+            hosts.append((name, _slots(slots) if colon else 1))
+        except ValueError:
+            raise UserError(f"{origin} {text!r}: expected host[:slots],... like node1:2,node2:2 "
+                            f"(slots a whole number from 1)") from None
     return hosts
 
 
 def parse_hostfile(path: str) -> list[tuple[str, int]]:
-    """Lines ``host``, ``host:N`` or ``host slots=N`` (Open MPI's form); '#' starts a comment."""
+    """Lines ``host``, ``host:N`` or ``host slots=N`` (Open MPI's form); '#' starts a comment. A regular file of
+    at most HOSTFILE_LIMIT bytes: a FIFO would block, /dev/zero would never end."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise UserError(f"--hostfile {path!r}: cannot read it ({err.strerror})") from None
+        lines = read_text_bounded(Path(path), HOSTFILE_LIMIT, "the --hostfile").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"--hostfile {path!r}: cannot read it (no such file)") from None
     hosts = []
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?(\s+max_slots\s*=\s*\d+)?", line)
-        if not match or (match.group(2) or match.group(3) or "1") == "0":
-            raise UserError(f"{path}:{number}: expected `host`, `host:N` or `host slots=N`, got {raw.strip()!r}")
-        hosts.append((match.group(1), int(match.group(2) or match.group(3) or 1)))
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?::([0-9]+)|\s+slots\s*=\s*([0-9]+))?(\s+max_slots\s*=\s*[0-9]+)?",
+                             line, re.ASCII)
+        try:
+            if not match:
+                raise ValueError(line)
+            slots = match.group(2) or match.group(3)
+            hosts.append((match.group(1), _slots(slots) if slots is not None else 1))
+        except ValueError:
+            raise UserError(f"{path}:{number}: expected `host`, `host:N` or `host slots=N` (N from 1), "
+                            f"got {raw.strip()[:80]!r}") from None
     if not hosts:
         raise UserError(f"--hostfile {path!r}: no hosts in it")
     return hosts
 
 
 def runtime_settings(args: argparse.Namespace) -> dict[str, str]:
-    """horovodrun's tuning flags as the HPCVOD_* variables the runtime reads (docs/contract.md)."""
+    """horovodrun's tuning flags as the HPCVOD_* variables the runtime reads (docs/contract.md), within the
+    bounds the runtime itself checks at init() (hpcvod/runtime/config.py): a value it would refuse on every rank
+    is refused here, naming the option."""
+    from hpcvod.runtime import config   # the runtime's own bounds; imported only by `hpcvod run`
+
+    def bounded(option: str, value: float, setting: config.Setting, unit: str, scale: float = 1) -> float:
+        bounds = setting.bounds
+        low, high = bounds.low / scale, bounds.high / scale
+        if not low <= value <= high:   # NaN and the infinities fail here too
+            raise UserError(f"{option} {config.figure(value)}: expected {unit} from {config.figure(low)} to "
+                            f"{config.figure(high)}")
+        return value
+
+    mib = 1024 * 1024
     out = {}
     if args.fusion_threshold_mb is not None:
-        if args.fusion_threshold_mb < 0:
-            raise UserError(f"--fusion-threshold-mb {args.fusion_threshold_mb}: expected a size >= 0")
-        out["HPCVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
+        size = bounded("--fusion-threshold-mb", args.fusion_threshold_mb, config.FUSION_THRESHOLD, "a size in MiB",
+                       mib)
+        out["HPCVOD_FUSION_THRESHOLD"] = str(int(size * mib))
     if args.cycle_time_ms is not None:
-        out["HPCVOD_CYCLE_TIME"] = f"{args.cycle_time_ms:g}"
+        cycle = bounded("--cycle-time-ms", args.cycle_time_ms, config.CYCLE_TIME, "a time in ms")
+        out["HPCVOD_CYCLE_TIME"] = f"{cycle:g}"
     if args.cache_capacity is not None:
-        out["HPCVOD_CACHE_CAPACITY"] = str(args.cache_capacity)
+        out["HPCVOD_CACHE_CAPACITY"] = str(bounded("--cache-capacity", args.cache_capacity, config.CACHE_CAPACITY,
+                                                   "a number of entries"))
     if args.timeline_filename:
         out["HPCVOD_TIMELINE"] = str(Path(args.timeline_filename).absolute())
     if args.stall_check_warning_time_seconds is not None:
-        out["HPCVOD_STALL_CHECK_TIME_SECONDS"] = str(args.stall_check_warning_time_seconds)
+        out["HPCVOD_STALL_CHECK_TIME_SECONDS"] = str(bounded(
+            "--stall-check-warning-time-seconds", args.stall_check_warning_time_seconds, config.STALL_CHECK_TIME,
+            "a time in seconds"))
     if args.stall_check_shutdown_time_seconds is not None:
-        out["HPCVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.stall_check_shutdown_time_seconds)
+        out["HPCVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(bounded(
+            "--stall-check-shutdown-time-seconds", args.stall_check_shutdown_time_seconds,
+            config.STALL_SHUTDOWN_TIME, "a time in seconds"))
     if args.hierarchical_allreduce:
         out["HPCVOD_HIERARCHICAL_ALLREDUCE"] = "1"
     return out

@@ -34,32 +34,6 @@ def lookup(name: str, env: Optional[Mapping[str, str]] = None,
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One ``HPCVOD_<name>`` variable: how its text becomes a value and what it must be.
-
-    ``parse`` raises ValueError for a value outside what ``expected`` says. ``horovod``: also read as
-    ``HOROVOD_<name>``. ``blank_is_unset``: an empty value counts as not set (job scripts that export it empty).
-    """
-
-    name: str
-    parse: Callable[[str], Any]
-    expected: str
-    horovod: bool = True
-    blank_is_unset: bool = False
-
-    def read(self, default: Any, env: Optional[Mapping[str, str]] = None) -> Any:
-        """The value in ``env`` (default: os.environ), or ``default`` when unset; HpcvodConfigError when bad."""
-        var, raw = lookup(self.name, env, self.horovod)
-        if var is None or raw is None or (self.blank_is_unset and not raw.strip()):
-            return default
-        try:
-            return self.parse(raw.strip())
-        except (ValueError, TypeError, OverflowError):
-            shown = repr(raw) if len(raw) <= 80 else repr(raw[:60]) + f"... ({len(raw)} characters)"
-            raise HpcvodConfigError(f"{var}={shown}: expected {self.expected}") from None
-
-
-@dataclass(frozen=True)
 class Bounds:
     """The range of a numeric setting, in the unit its variable is given in."""
 
@@ -76,17 +50,46 @@ class Bounds:
         return value
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One ``HPCVOD_<name>`` variable: how its text becomes a value and what it must be.
+
+    ``parse`` raises ValueError for a value outside what ``expected`` says. ``horovod``: also read as
+    ``HOROVOD_<name>``. ``blank_is_unset``: an empty value counts as not set (job scripts that export it empty).
+    ``bounds``: a numeric setting's range (``hpcvod run`` checks its options against it).
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    expected: str
+    horovod: bool = True
+    blank_is_unset: bool = False
+    bounds: Optional[Bounds] = None
+
+    def read(self, default: Any, env: Optional[Mapping[str, str]] = None) -> Any:
+        """The value in ``env`` (default: os.environ), or ``default`` when unset; HpcvodConfigError when bad."""
+        var, raw = lookup(self.name, env, self.horovod)
+        if var is None or raw is None or (self.blank_is_unset and not raw.strip()):
+            return default
+        try:
+            return self.parse(raw.strip())
+        except (ValueError, TypeError, OverflowError):
+            shown = repr(raw) if len(raw) <= 80 else repr(raw[:60]) + f"... ({len(raw)} characters)"
+            raise HpcvodConfigError(f"{var}={shown}: expected {self.expected}") from None
+
+
 def number(name: str, low: float, high: float, unit: str, whole: bool = False, note: str = "",
            horovod: bool = True, blank_is_unset: bool = False) -> Setting:
     """A numeric setting that must lie in [low, high] (a whole number with ``whole``)."""
     bounds = Bounds(low, high, whole)
     kind = ("a non-negative" if low == 0 else "a") + (" whole" if whole else "")
     expected = f"{kind} number of {unit}{f' ({note})' if note else ''}, " + (
-        f"at most {_figure(high)}" if low == 0 else f"from {_figure(low)} to {_figure(high)}")
-    return Setting(name, bounds.parse, expected, horovod, blank_is_unset)
+        f"at most {figure(high)}" if low == 0 else f"from {figure(low)} to {figure(high)}")
+    return Setting(name, bounds.parse, expected, horovod, blank_is_unset, bounds)
 
 
-def _figure(value: float) -> str:
+def figure(value: float) -> str:
+    """A bound or value as people write it: 1000, 2592000, 0.5 (not 1e+03)."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 

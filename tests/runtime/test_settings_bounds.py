@@ -34,7 +34,7 @@ def test_every_numeric_setting_refuses_non_finite_and_out_of_range_values(name: 
 @pytest.mark.parametrize("name", sorted(NUMBERS))
 def test_the_bounds_themselves_are_accepted(name: str) -> None:
     setting = next(v for v in vars(config).values() if isinstance(v, config.Setting) and v.name == name)
-    spec = setting.parse.__self__   # the Bounds behind the parser
+    spec = setting.bounds
     for value in (spec.low, spec.high):
         text = str(int(value)) if float(value).is_integer() else repr(value)
         assert Settings.from_env({f"HOROVOD_{name}": text}) is not None

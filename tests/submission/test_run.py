@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -129,8 +130,44 @@ def test_run_python_not_importing_hpcvod_falls_back_to_this_python(tmp_path):
     (["-np", "2"], "missing COMMAND"),
     (["-np", "2", "--hostfile", "nope.txt", "probe.py"], "--hostfile 'nope.txt': cannot read it"),
     (["-np", "2", "--mpi", "/no/such/mpiexec", "probe.py"], "no MPI launcher"),
+    # non-finite and out-of-range tuning values: the runtime would refuse them on every rank (config.py's bounds)
+    (["-np", "2", "--fusion-threshold-mb", "inf", "probe.py"], "--fusion-threshold-mb inf: expected a size in MiB"),
+    (["-np", "2", "--fusion-threshold-mb", "nan", "probe.py"], "--fusion-threshold-mb nan: expected a size in MiB"),
+    (["-np", "2", "--fusion-threshold-mb", "1e300", "probe.py"], "from 0 to 65536"),
+    (["-np", "2", "--cycle-time-ms", "inf", "probe.py"], "--cycle-time-ms inf: expected a time in ms from 0 to 1000"),
+    (["-np", "2", "--cache-capacity", "99999999999", "probe.py"], "--cache-capacity 99999999999: expected"),
+    (["-np", "2", "--stall-check-shutdown-time-seconds", "-1", "probe.py"], "from 0 to 2592000"),
+    # slots: 0 in any spelling, and digits int() takes but mpiexec does not
+    (["-np", "2", "-H", "h1:00", "probe.py"], "-H 'h1:00': expected host[:slots]"),
+    (["-np", "2", "-H", "h1:0,h2:2", "probe.py"], "-H 'h1:0,h2:2': expected host[:slots]"),
+    (["-np", "2", "-H", "h1:\u00b2", "probe.py"], "expected host[:slots]"),
+    (["-np", "2", "-H", "h1:", "probe.py"], "expected host[:slots]"),
 ])
 def test_run_bad_input(tmp_path, args, message):
     done = _run("mpich", tmp_path, *args)
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder", "zero-slots", "huge"])
+def test_run_hostfile_that_is_no_small_regular_file(tmp_path, kind):
+    """A FIFO blocked `hpcvod run` for ever, /dev/zero ended in a MemoryError, `slots=00` reached mpiexec."""
+    hostfile = tmp_path / "hosts"
+    if kind == "fifo":
+        os.mkfifo(hostfile)
+    elif kind == "dev-zero":
+        hostfile = Path("/dev/zero")
+    elif kind == "folder":
+        hostfile.mkdir()
+    elif kind == "zero-slots":
+        hostfile.write_text("h1 slots=2\nh2 slots=00\n")
+    else:
+        hostfile.write_text("h1\n" * (1 << 19))   # 1.5 MiB of hosts
+    python = VENVS["mpich"] / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "hpcvod.cli", "run", "-np", "2", "--hostfile", str(hostfile), "x.py"],
+                          cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    expected = {"fifo": "it is a FIFO, expected a regular file", "dev-zero": "it is a character device",
+                "folder": "it is a folder", "zero-slots": "hosts:2: expected `host`, `host:N` or `host slots=N`",
+                "huge": "larger than 1048576 bytes"}[kind]
+    assert len(done.stderr.splitlines()) == 1 and expected in done.stderr, done.stderr
