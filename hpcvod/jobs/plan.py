@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from hpcvod import __version__
 from hpcvod.jobs.jobdir import find_job
-from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, parse_time
+from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, check_env_name, parse_time
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
 from hpcvod.launchers.host import HostFacts
 from hpcvod.launchers.shell import ENV_KEY, Verbatim, safe_name
@@ -27,9 +27,6 @@ from hpcvod.sites.joboptions import JobOptions, merged
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import AUTO, NAME_PATTERN, Partition, interconnect_env, time_seconds
 
-# Set by the script from the plan (docs/contract.md); --env may not override them.
-CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX",
-                "HPCVOD_MPI_FLAVOUR", "HPCVOD_DATA_SERVICE_CONFIG")
 ARRAY_INDEX_ENV = "HPCVOD_ARRAY_INDEX"  # an array task's index, whatever the scheduler (docs/contract.md)
 # The tf.data service config's path, for the training ranks (docs/contract.md); the script sets it to a file in
 # the job folder, found at run time like the folder itself.
@@ -262,6 +259,10 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     world = nodes * tasks
 
     # -- per-job scheduler options: the user's, else the partition's; refused where the scheduler has none
+    try:  # the partition's own, named as the profile key that holds them
+        scheduler.check_job_options(part.job_defaults)
+    except UserError as err:
+        raise UserError(f"site {site.name!r}: partitions.{partition_name}.job_defaults: {err}") from None
     options = merged(part.job_defaults, spec.options)
     scheduler.check_job_options(options)
     if options.dependency is not None:
@@ -335,15 +336,13 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     for key, value in spec.env:
         if not ENV_KEY.fullmatch(key):
             raise UserError(f"--env {key}=...: expected KEY=VALUE with KEY a variable name")
-        if key in CONTRACT_ENV:
-            raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
+        check_env_name("--env", key)
         user_env[key] = value
     secret_env = tuple(dict.fromkeys(spec.secret_env))
     for key in secret_env:
-        if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
+        if not isinstance(key, str):
             raise UserError(f"--secret-env {key!r}: expected KEY, a variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        if key in CONTRACT_ENV:
-            raise UserError(f"--env {key}: set by hpcvod itself (docs/contract.md); choose another name")
+        check_env_name("--secret-env", key)
         if key in user_env:
             raise UserError(f"--env {key}: given both as KEY=VALUE and as a secret KEY; choose one")
         if key in site_env:  # the script's export of the site's value would hide the secret

@@ -11,6 +11,37 @@ from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import JobOptions
 
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
+# Set by the script from the plan (docs/contract.md); --env may not override them.
+CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX",
+                "HPCVOD_MPI_FLAVOUR", "HPCVOD_DATA_SERVICE_CONFIG")
+# Names --env and --secret-env may not set (docs/submission.md, "Environment"). Bash's: readonly ones (the job
+# script dies exporting them), ones that change how it reads and runs its own lines (IFS, PS4 under xtrace, a
+# file every later bash sources), and ones whose value bash itself keeps, which an export silently disables.
+SHELL_ENV = frozenset({"BASHOPTS", "BASHPID", "CDPATH", "DIRSTACK", "ENV", "EPOCHREALTIME", "EPOCHSECONDS", "EUID",
+                       "FUNCNAME", "GLOBIGNORE", "GROUPS", "HISTCMD", "IFS", "LINENO", "OPTERR", "OPTIND", "PIPESTATUS",
+                       "POSIXLY_CORRECT", "PPID", "PS4", "RANDOM", "SECONDS", "SHELLOPTS", "SRANDOM", "UID"})
+# The scheduler's and the launcher's own: what sbatch, srun, qsub and the MPI launchers tell the job about itself
+# (the script's requeue reads SLURM_JOB_ID, srun its SLURM_*/SRUN_* inputs, a rank its PMI_*/PMIX_* world).
+SCHEDULER_ENV = frozenset({"JOB_ID", "JOB_NAME", "PE", "PE_HOSTFILE", "NHOSTS", "NSLOTS", "NQUEUES", "QUEUE"})
+RESERVED_ENV_PREFIXES = ("BASH_", "SLURM_", "SRUN_", "SBATCH_", "SALLOC_", "PBS_", "SGE_", "PMI_", "PMIX_",
+                         "OMPI_COMM_WORLD_")
+SETTABLE_ENV_PREFIXES = ("PMIX_MCA_",)  # PMIx's own settings, as the site profile's mpi.env may set them
+
+
+def check_env_name(flag: str, name: str) -> None:
+    """Refuse (UserError, one line) a variable name --env or --secret-env (``flag``) may not set."""
+    if not ENV_KEY.fullmatch(name):
+        raise UserError(f"{flag} {name!r}: expected KEY, a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    if name in CONTRACT_ENV:
+        why = "set by hpcvod itself (docs/contract.md)"
+    elif name in SHELL_ENV or name.startswith("BASH_"):
+        why = "bash's own variable: the job script would stop on it or run differently"
+    elif (name in SCHEDULER_ENV or name.startswith(RESERVED_ENV_PREFIXES)) and not name.startswith(
+            SETTABLE_ENV_PREFIXES):
+        why = "the scheduler's or the MPI launcher's own variable, which it sets for the job"
+    else:
+        return
+    raise UserError(f"{flag} {name}: {why}; choose another name (docs/submission.md, Environment)")
 DISPATCHER_SIDES = ("compute", "training")  # python -m hpcvod.tensorflow.data.compute_worker --dispatcher-side
 
 
@@ -95,6 +126,7 @@ def parse_job_env(items: list[str] | tuple[str, ...], secret_items: list[str] | 
     for flag, item in [("--env", i) for i in items if "=" not in i] + [("--secret-env", i) for i in secret_items]:
         if not ENV_KEY.fullmatch(item):
             raise UserError(f"{flag} {item!r}: expected KEY (a variable name, [A-Za-z_][A-Za-z0-9_]*) or KEY=VALUE")
+        check_env_name(flag, item)
         if item not in names:
             names.append(item)
     return pairs, tuple(names)

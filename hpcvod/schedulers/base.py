@@ -17,7 +17,8 @@ from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from hpcvod.sites.errors import UserError
 from hpcvod.schedulers.jobfiles import read_job_text
-from hpcvod.sites.joboptions import JobOptions, flag
+from hpcvod.sites.joboptions import JobDefaults, JobOptions, flag
+from hpcvod.sites.spec import Pattern
 
 # hpcvod's job states; every scheduler maps its own words onto these.
 PENDING = "PENDING"
@@ -105,6 +106,20 @@ class Scheduler:
     # is refused in one line, with the hint below when there is one.
     job_options: ClassVar[frozenset[str]] = frozenset()
     refusal_hints: ClassVar[dict[str, str]] = {}
+    # --sched-opt KEY[=VALUE] (docs/submission.md, "Scheduler options"): the form of a KEY this scheduler reads as
+    # one option of its own, and the options hpcvod writes itself, KEY -> the hpcvod option that asks for it or why
+    # it is hpcvod's. A --sched-opt comes after the generated directives and a scheduler takes the last of a
+    # repeated option: it would override what hpcvod computed (the export that carries --secret-env, the log's
+    # path, the layout the launcher was told).
+    sched_opt_key: ClassVar[Pattern] = Pattern(r"[A-Za-z][A-Za-z0-9_-]*", "an option name without its dashes")
+    computed_directives: ClassVar[dict[str, str]] = {}
+    # KEYs whose VALUE is a comma-separated list of NAME=VALUE (qsub's -l resources, PBS's -W attributes) -> the
+    # NAMEs hpcvod writes itself, as above; gpu_resource_key: the KEY under which the site's
+    # scheduler_options.gpu_resource (the GPU count hpcvod asks for) is one of them
+    computed_resources: ClassVar[dict[str, dict[str, str]]] = {}
+    gpu_resource_key: ClassVar[str | None] = None
+    # getopt_long (sbatch's directives) reads an unambiguous prefix of a long option as the option itself
+    long_option_prefixes: ClassVar[bool] = False
     # The variable that holds an array task's index inside the job (None: no arrays), and the name of each
     # task's log with the scheduler's own placeholder for the index.
     array_index_var: ClassVar[str | None] = None
@@ -139,11 +154,50 @@ class Scheduler:
         (``compute``: its nodes, tasks and CPUs; no options of its own)."""
         return self.directives(training)
 
-    def check_job_options(self, options: JobOptions) -> None:
-        """Refuse (UserError, one line) every option given that this scheduler has no directive for."""
+    def check_job_options(self, options: JobDefaults) -> None:
+        """Refuse (UserError, one line) every option given that this scheduler has no directive for, and every
+        --sched-opt that is not one directive of its own (check_sched_opt)."""
         for name in sorted(_given(options)):
             if name not in self.job_options:
                 raise self.refuse(name, getattr(options, name), self.refusal_hints.get(name, ""))
+        for item in options.sched_opt:
+            self.check_sched_opt(item)
+
+    def check_sched_opt(self, item: str) -> None:
+        """Refuse (UserError, one line) a --sched-opt (its form already checked: hpcvod.sites.joboptions) whose
+        KEY is not of this scheduler's form, or that would repeat a directive hpcvod writes itself."""
+        key, value = sched_opt_parts(item)
+        if not re.fullmatch(self.sched_opt_key.regex, key):
+            raise UserError(f"--sched-opt {item!r}: expected {self.sched_opt_key.meaning} for {self.name}")
+        name = self._computed_option(key)
+        if name is not None:
+            raise UserError(f"--sched-opt {item!r}: {self.sched_opt_directive(name, None)} is left to hpcvod on "
+                            f"{self.name} ({self.computed_directives[name]})")
+        resources = dict(self.computed_resources.get(key, {}))
+        gpu_resource = getattr(self.options, "gpu_resource", None)
+        if key == self.gpu_resource_key and gpu_resource:
+            resources[gpu_resource] = "use --gpus-per-node"
+        for word in (value or "").split(","):
+            resource = word.partition("=")[0]
+            if resource in resources:
+                raise UserError(f"--sched-opt {item!r}: {self.sched_opt_directive(key, resource)} is left to hpcvod "
+                                f"on {self.name} ({resources[resource]})")
+
+    def _computed_option(self, key: str) -> str | None:
+        """The option hpcvod writes that ``key`` names: itself, or the one long option it is a prefix of."""
+        if key in self.computed_directives:
+            return key
+        if self.long_option_prefixes and len(key) > 1:
+            return next((name for name in self.computed_directives if len(name) > 1 and name.startswith(key)), None)
+        return None
+
+    def sched_opt_directive(self, key: str, value: str | None) -> str:
+        """One --sched-opt as a directive of this scheduler: qsub's ``-KEY VALUE`` (l=software=x -> -l software=x)."""
+        return f"-{key}" if value is None else f"-{key} {value}"
+
+    def sched_opt_directives(self, items: Sequence[str]) -> list[str]:
+        """The --sched-opt directives, in order: last, so that they may add to the generated ones."""
+        return [self.sched_opt_directive(*sched_opt_parts(item)) for item in items]
 
     def refuse(self, name: str, value: object, why: str = "") -> UserError:
         shown = "" if value is True else f" {value!r}" if not isinstance(value, list) else f" {value[0]!r}"
@@ -204,7 +258,7 @@ class Scheduler:
         writes; the base scheduler records nothing of its own."""
 
 
-def _given(options: JobOptions) -> list[str]:
+def _given(options: JobDefaults) -> list[str]:
     return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) not in (None, [], ())]
 
 
@@ -222,6 +276,12 @@ def sched_opt_parts(item: str) -> tuple[str, str | None]:
     """``--sched-opt KEY[=VALUE]`` (already checked) -> (KEY, VALUE or None)."""
     key, sep, value = item.partition("=")
     return key, value if sep else None
+
+
+# why a --sched-opt may not repeat the directives hpcvod writes (Scheduler.computed_directives)
+JOB_LOG = "the job's log is output.log in its job folder, where hpcvod logs reads it"
+JOB_ENV = "the job's environment is --env and --secret-env"
+JOB_FOLDER = "the job runs in its job folder"
 
 
 # ---- what qsub's families (PBS Pro, Grid Engine) share --------------------------------------------------
@@ -275,15 +335,6 @@ def qsub_begin_and_mail(scheduler: Scheduler, job: JobOptions) -> list[str]:
         out.append(f"-m {qsub_mail_events(scheduler, job.mail_type)}")
     if job.mail_user is not None:
         out.append(f"-M {job.mail_user}")
-    return out
-
-
-def qsub_sched_opts(items: Sequence[str]) -> list[str]:
-    """``--sched-opt KEY[=VALUE]`` -> qsub's ``-KEY [VALUE]`` (e.g. l=software=x -> -l software=x)."""
-    out = []
-    for item in items:
-        key, value = sched_opt_parts(item)
-        out.append(f"-{key}" if value is None else f"-{key} {value}")
     return out
 
 

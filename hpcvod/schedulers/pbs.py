@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Mapping, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
-                                    qsub_begin_and_mail, qsub_range, qsub_sched_opts, run_command,
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, JOB_ENV, JOB_LOG, PENDING, RUNNING, TIMEOUT,
+                                    UNKNOWN, JobRequest, JobStatus, Scheduler, SchedulerError, Submitted,
+                                    read_cancel_marker, qsub_begin_and_mail, qsub_range, run_command,
                                     status_from_exit_file)
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.spec import Pattern, doc
@@ -18,6 +18,7 @@ from hpcvod.sites.spec import Pattern, doc
 _QUEUED = set("QHWTSMU")  # queued, held, waiting, in transit, suspended, moved, user-suspended
 _ACTIVE = set("REB")  # running, exiting, array begun
 _KILLED_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME
+_LAYOUT = "the select= chunk holds it: use --nodes, --tasks-per-node, --cpus-per-task, --gpus-per-node"
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,18 @@ class PbsScheduler(Scheduler):
                      "qos": "Slurm only", "mem_per_gpu": "Slurm only; PBS takes --mem per node",
                      "constraint": "ask for a host resource with --sched-opt 'l=RESOURCE=VALUE'",
                      "nodelist": "Slurm only", "exclude": "Slurm only"}
+    # qsub's options are single letters (getopt: "lselect=1" would be -l select=1)
+    sched_opt_key = Pattern(r"[A-Za-z]", "one letter, a qsub option without its dash (l=software=matlab: "
+                            "-l software=matlab)")
+    computed_directives = {"N": "use --job-name", "q": "use --partition", "A": "use --account", "J": "use --array",
+                           "a": "use --begin", "m": "use --mail-type", "M": "use --mail-user", "j": JOB_LOG,
+                           "o": JOB_LOG, "e": JOB_LOG, "k": JOB_LOG, "R": JOB_LOG, "v": JOB_ENV, "V": JOB_ENV}
+    computed_resources = {
+        "l": {"select": _LAYOUT, "place": "use --exclusive; the rest is the site's scheduler_options.place",
+              "walltime": "use --time", "ncpus": _LAYOUT, "mpiprocs": _LAYOUT, "ompthreads": _LAYOUT,
+              "nodes": _LAYOUT, "nodect": _LAYOUT, "mem": "use --mem"},
+        "W": {"depend": "use --dependency", "sandbox": JOB_LOG, "block": "hpcvod submit would wait for the job's end"}}
+    gpu_resource_key = "l"
     array_index_var = "PBS_ARRAY_INDEX"
     hostfile = '"$PBS_NODEFILE"'
     array_output = "output.^array_index^.log"
@@ -142,7 +155,7 @@ class PbsScheduler(Scheduler):
             indexes, limit = qsub_range(self, job.array, 0)
             out.append(f"-J {indexes}" + (f"%{limit}" if limit else ""))
         out += ["-j oe", f"-o {self.output_file(plan)}"]  # relative to qsub's working directory = the job folder
-        return out + qsub_sched_opts(job.sched_opt)
+        return out + self.sched_opt_directives(job.sched_opt)
 
     def task_job_id(self, job_id: str, index: int) -> str | None:
         return job_id.replace("[]", f"[{index}]", 1) if "[]" in job_id else None

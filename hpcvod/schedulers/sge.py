@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Mapping, Optional, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, read_cancel_marker,
-                                    qsub_begin_and_mail, qsub_range, qsub_sched_opts, run_command,
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, JOB_ENV, JOB_FOLDER, JOB_LOG, PENDING, RUNNING,
+                                    TIMEOUT, UNKNOWN, JobRequest, JobStatus, Scheduler, SchedulerError, Submitted,
+                                    read_cancel_marker, qsub_begin_and_mail, qsub_range, run_command,
                                     status_from_exit_file)
 from hpcvod.sites.spec import Pattern, doc
 
@@ -123,6 +123,18 @@ class SgeScheduler(Scheduler):
     refusal_hints = {"mem": "Grid Engine asks for memory per slot: --sched-opt 'l=h_vmem=4G'",
                      "mem_per_gpu": "Slurm only", "qos": "Slurm only", "nodelist": "Slurm only",
                      "exclude": "Slurm only", "constraint": "ask for a complex with --sched-opt 'l=NAME=VALUE'"}
+    # Grid Engine's qsub matches whole option names (-pe, -hold_jid), without getopt's abbreviations
+    sched_opt_key = Pattern(r"[A-Za-z][A-Za-z_]*", "a qsub option without its dash (l=h_vmem=4G: -l h_vmem=4G)")
+    computed_directives = {
+        "N": "use --job-name", "pe": "use --nodes and --tasks-per-node; the parallel environment is the site's "
+        "scheduler_options.parallel_environment", "q": "use --partition", "A": "use --account",
+        "ar": "use --reservation", "a": "use --begin", "m": "use --mail-type", "M": "use --mail-user",
+        "hold_jid": "use --dependency", "hold_jid_ad": "use --dependency", "t": "use --array", "tc": "use --array",
+        "j": JOB_LOG, "o": JOB_LOG, "e": JOB_LOG, "cwd": JOB_FOLDER, "wd": JOB_FOLDER, "v": JOB_ENV, "V": JOB_ENV,
+        "S": "the job script is bash", "b": "the job is hpcvod's script",
+        "clear": "it would drop every directive before it"}
+    computed_resources = {"l": {"h_rt": "use --time", "exclusive": "use --exclusive", "excl": "use --exclusive"}}
+    gpu_resource_key = "l"
     array_index_var = "SGE_TASK_ID"
     hostfile = '"$HPCVOD_JOB_DIR/hostfile"'  # sge.j2 writes it from $PE_HOSTFILE
     array_output = "output.$TASK_ID.log"
@@ -160,7 +172,7 @@ class SgeScheduler(Scheduler):
                 out.append(f"-tc {limit}")
         # run in the submit directory (the job folder), one log, bash as the job shell
         out += ["-cwd", "-j y", f"-o {self.output_file(plan)}", "-S /bin/bash"]
-        return out + qsub_sched_opts(job.sched_opt)
+        return out + self.sched_opt_directives(job.sched_opt)
 
     @staticmethod
     def parse_job_id(text: str) -> str:

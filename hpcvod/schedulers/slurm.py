@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
-from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TIMEOUT, UNKNOWN,
-                                    JobRequest, JobStatus, Scheduler, SchedulerError, Submitted, run_command,
-                                    sched_opt_parts, status_from_exit_file)
-from hpcvod.sites.joboptions import JobOptions
+from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, JOB_ENV, JOB_FOLDER, JOB_LOG, PENDING, RUNNING,
+                                    TIMEOUT, UNKNOWN, JobRequest, JobStatus, Scheduler, SchedulerError, Submitted,
+                                    run_command, status_from_exit_file)
+from hpcvod.sites.joboptions import JobOptions, flag
 from hpcvod.sites.spec import doc
 
 
@@ -27,6 +27,7 @@ _STATES = {
     FAILED: ("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"),
 }
 _STATE_OF = {word: state for state, words in _STATES.items() for word in words}
+_REQUEUE = "hpcvod's stop-and-requeue cycle needs it, docs/preemption.md"
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,22 @@ class SlurmScheduler(Scheduler):
     job_id_example = "1234, 1234_5 or 1234+1"
     job_options = frozenset({"exclusive", "mem", "mem_per_gpu", "constraint", "qos", "reservation", "nodelist",
                              "exclude", "begin", "mail_type", "mail_user", "dependency", "array", "sched_opt"})
+    # sbatch's own name for each of these is the hpcvod option's (--qos -> --qos)
+    computed_directives = {
+        **{flag(name)[2:]: f"use {flag(name)}" for name in job_options if name != "sched_opt"},
+        "job-name": "use --job-name", "J": "use --job-name", "nodes": "use --nodes", "N": "use --nodes",
+        "ntasks": "use --nodes and --tasks-per-node", "n": "use --nodes and --tasks-per-node",
+        "ntasks-per-node": "use --tasks-per-node", "cpus-per-task": "use --cpus-per-task",
+        "c": "use --cpus-per-task", "gres": "use --gpus-per-node; a site's other GRES go in directives.extra",
+        "gpus-per-node": "use --gpus-per-node", "gpus": "use --gpus-per-node", "G": "use --gpus-per-node",
+        "time": "use --time", "t": "use --time", "partition": "use --partition", "p": "use --partition",
+        "account": "use --account", "A": "use --account", "a": "use --array", "d": "use --dependency",
+        "b": "use --begin", "C": "use --constraint", "q": "use --qos", "w": "use --nodelist", "x": "use --exclude",
+        "output": JOB_LOG, "o": JOB_LOG, "error": JOB_LOG, "e": JOB_LOG, "open-mode": JOB_LOG,
+        "requeue": _REQUEUE, "no-requeue": _REQUEUE, "signal": _REQUEUE,
+        "export": JOB_ENV, "export-file": JOB_ENV, "get-user-env": JOB_ENV,
+        "chdir": JOB_FOLDER, "D": JOB_FOLDER, "wrap": "the job is hpcvod's script"}
+    long_option_prefixes = True
     array_index_var = "SLURM_ARRAY_TASK_ID"
     array_output = "output.%a.log"  # %a: the array task's index
 
@@ -111,7 +128,7 @@ class SlurmScheduler(Scheduler):
         warning = min(self.options.requeue_warning, plan.time_seconds // 2)
         if warning > 0:
             out.append(f"--signal=B:USR1@{warning}")
-        return out + self._sched_opts(job.sched_opt)
+        return out + self.sched_opt_directives(job.sched_opt)
 
     def data_service_directives(self, compute: JobRequest, training: JobRequest) -> list[str]:
         """One heterogeneous job: component 0 the compute part (the batch script runs on its first node) with the
@@ -121,7 +138,7 @@ class SlurmScheduler(Scheduler):
         whole = JobOptions(begin=job.begin, mail_type=job.mail_type, mail_user=job.mail_user,
                            dependency=job.dependency)
         first = self.directives(dataclasses.replace(compute, options=whole))  # type: ignore[type-var]
-        return [*first, "hetjob", *self._resources(training), *self._sched_opts(job.sched_opt)]
+        return [*first, "hetjob", *self._resources(training), *self.sched_opt_directives(job.sched_opt)]
 
     def _resources(self, plan: JobRequest) -> list[str]:
         """What one component asks for: nodes, tasks, CPUs, GPUs, time, partition, account, per-node options."""
@@ -152,17 +169,11 @@ class SlurmScheduler(Scheduler):
                 out.append(f"--{name}={value}")
         return out
 
-    @staticmethod
-    def _sched_opts(items: Sequence[str]) -> list[str]:
-        """--sched-opt, last: sbatch takes the last of a repeated option, so they can override."""
-        out = []
-        for item in items:
-            key, value = sched_opt_parts(item)
-            if len(key) == 1:
-                out.append(f"-{key}" if value is None else f"-{key} {value}")
-            else:
-                out.append(f"--{key}" if value is None else f"--{key}={value}")
-        return out
+    def sched_opt_directive(self, key: str, value: str | None) -> str:
+        """sbatch's ``--KEY=VALUE``, or ``-K VALUE`` for a one-letter KEY."""
+        if len(key) == 1:
+            return f"-{key}" if value is None else f"-{key} {value}"
+        return f"--{key}" if value is None else f"--{key}={value}"
 
     def task_job_id(self, job_id: str, index: int) -> str | None:
         return f"{job_id}_{index}"

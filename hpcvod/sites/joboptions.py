@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
 from hpcvod.sites.errors import ProfileError, UserError
-from hpcvod.sites.spec import Pattern, doc, from_data
+from hpcvod.sites.spec import CONTROL_CHARS, Pattern, doc, from_data
 
 SIZE = Pattern(r"[1-9][0-9]{0,9}[KMGT]?", "a size: a whole number of megabytes, or one with a K, M, G or T "
                "suffix, e.g. 64G")
 NAME = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*", "a name of letters, digits and _ . + @ -")
-NODES = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*(\[[0-9,-]+\])?(,[A-Za-z0-9][A-Za-z0-9_.-]*(\[[0-9,-]+\])?)*",
-                "host names or ranges separated by commas, e.g. n[01-04],gpu7")
+_RANGE = r"[0-9]{1,9}(-[0-9]{1,9})?"
+_HOST = rf"[A-Za-z0-9][A-Za-z0-9_.-]*(\[{_RANGE}(,{_RANGE})*\])?"
+NODES = Pattern(rf"{_HOST}(,{_HOST})*", "host names or ranges separated by commas, e.g. n[01-04],gpu7")
 _FEATURE = r"\(*[A-Za-z0-9_.-]+(\*[0-9]+)?\)*"
 CONSTRAINT = Pattern(rf"\[?{_FEATURE}([&|,]{_FEATURE})*\]?",
                      "node features joined by & (and), | (or) or , e.g. a100&ib or [rack1|rack2]")
@@ -42,11 +44,21 @@ DEPENDENCY = Pattern(rf"{_ONE_DEPENDENCY}(,{_ONE_DEPENDENCY})*",
 ARRAY = Pattern(r"[0-9]{1,7}(-[0-9]{1,7}(:[0-9]{1,7})?)?(,[0-9]{1,7}(-[0-9]{1,7}(:[0-9]{1,7})?)?)*(%[0-9]{1,7})?",
                 "array indexes as a range, a list or both, with an optional %MAX running at once: "
                 "0-9, 1,3,5, 0-15:2 or 0-15%4")
+# A value that lands in a directive is one word of it. A scheduler splits a directive line on whitespace and reads
+# every word (sbatch took 'comment=x --uid=0' as two options), so no value may hold any, of any kind (str.isspace:
+# Unicode spaces, line and paragraph separators, \x1c-\x1f), nor a control character (NUL, ESC...) or an invisible
+# format character (zero-width spaces, bidi overrides) that would end, hide or disguise the line.
+_NOT_IN_A_WORD = rf"\s{CONTROL_CHARS}\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff"
+WORD_CHAR = f"[^{_NOT_IN_A_WORD}]"
 # one directive: KEY or KEY=VALUE; quoting is the only way to hold characters a shell would act on
-SCHED_OPT = Pattern(r"[A-Za-z][A-Za-z0-9_-]*(=[^\n\r]+)?", "KEY or KEY=VALUE, one directive without the "
-                    "#SBATCH/#PBS prefix and without leading dashes, e.g. gres-flags=enforce-binding")
-_UNQUOTED_SPECIAL = re.compile(r"[;&|<>`$\\(){}!*?#\"'\n\r\t]")
-_QUOTED = re.compile(r"'[^'\n\r]*'|\"[^\"$`\\\n\r]*\"")
+# (a VALUE may not start with '-': written apart from a one-letter KEY, `-h -V`, it would be another option)
+SCHED_OPT = Pattern(rf"[A-Za-z][A-Za-z0-9_-]*(=[^-{_NOT_IN_A_WORD}]{WORD_CHAR}*)?", "KEY or KEY=VALUE, one "
+                    "directive without the #SBATCH/#PBS prefix, without leading dashes and without whitespace or "
+                    "control characters, e.g. gres-flags=enforce-binding")
+_UNQUOTED_SPECIAL = re.compile(r"[;&|<>`$\\(){}!*?#\"']")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"$`\\]*\"")
+# the start times a scheduler can express: qsub's -a takes a four-digit year, and the clocks count from 1970
+EARLIEST_BEGIN = datetime.datetime(1970, 1, 1)
 MAX_ARRAY_TASKS = 100_000
 
 
@@ -105,6 +117,10 @@ def job_options(values: dict[str, Any]) -> JobOptions:
     given = {k: v for k, v in values.items() if v is not None and v != [] and v != ()}
     if "sched_opt" in given and isinstance(given["sched_opt"], (tuple, str)):
         given["sched_opt"] = [given["sched_opt"]] if isinstance(given["sched_opt"], str) else list(given["sched_opt"])
+    for name, value in given.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):  # before the patterns: what is wrong, said precisely
+                check_sched_opt(item) if name == "sched_opt" else check_one_word(flag(name), item)
     try:
         options = from_data(JobOptions, given)
     except ProfileError as err:
@@ -119,13 +135,42 @@ def job_options(values: dict[str, Any]) -> JobOptions:
     return options
 
 
+def word_problem(text: str) -> str | None:
+    """What keeps ``text`` from being one word of a directive line: its first whitespace, control or format
+    character, named by code point (None: nothing)."""
+    bad = re.search(f"[{_NOT_IN_A_WORD}]", text)
+    if bad is None:
+        return None
+    char = bad.group()
+    if char.isspace():
+        kind, why = "whitespace", "the scheduler would read what follows as another option"
+    elif unicodedata.category(char) == "Cc":
+        kind, why = "a control character", "it would end or garble the directive line"
+    else:
+        kind, why = "an invisible format character", "it would hide part of the directive line"
+    return f"{kind} (U+{ord(char):04X}) at character {bad.start() + 1} is not allowed: {why}"
+
+
+def check_one_word(flag_name: str, value: str) -> None:
+    """Refuse (UserError, one line) a value that would not stay one word of its directive line."""
+    problem = word_problem(value)
+    if problem is not None:
+        raise UserError(f"{flag_name} {value!r}: expected one directive value; {problem}")
+
+
 def check_job_options(options: JobDefaults) -> None:
-    """What the patterns alone cannot say: real dates, ordered ranges, one memory request, safe directives."""
+    """What the patterns alone cannot say: real dates, ordered ranges, balanced expressions, one memory request,
+    safe directives."""
     if options.mem is not None and options.mem_per_gpu is not None:
         raise UserError(f"--mem {options.mem} and --mem-per-gpu {options.mem_per_gpu}: expected one of them, "
                         "not both (Slurm takes one memory request)")
     for item in options.sched_opt:
         check_sched_opt(item)
+    if options.constraint is not None:
+        check_constraint(options.constraint)
+    for name in ("nodelist", "exclude"):
+        if getattr(options, name) is not None:
+            check_host_ranges(flag(name), getattr(options, name))
     if isinstance(options, JobOptions):
         if options.begin is not None:
             begin_datetime(options.begin)
@@ -134,24 +179,53 @@ def check_job_options(options: JobDefaults) -> None:
 
 
 def check_sched_opt(item: str) -> None:
-    """One directive: no newline, no character a shell acts on unless it stands inside quotes."""
+    """One directive: one word, no character a shell acts on unless it stands inside quotes. What a scheduler
+    reads as a directive of its own is its module's check (Scheduler.check_sched_opt)."""
+    check_one_word("--sched-opt", item)
     value = item.partition("=")[2]
     rest = _QUOTED.sub("", value)
     bad = _UNQUOTED_SPECIAL.search(rest)
     if bad or not re.fullmatch(SCHED_OPT.regex, item):
-        what = f"{bad.group()!r} outside quotes" if bad else "its form"
+        what = (f"{bad.group()!r} outside quotes" if bad else "a VALUE that starts with '-' (after a one-letter "
+                "KEY the scheduler reads it as another option)" if value.startswith("-") else "its form")
         raise UserError(f"--sched-opt {item!r}: expected {SCHED_OPT.meaning}; {what} is not allowed")
+
+
+def check_constraint(text: str) -> None:
+    """``--constraint``: every ( closed by a ) after it, and a [ at the start only with a ] at the end (the
+    pattern has said the rest: features between the operators, none empty)."""
+    depth = 0
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if depth < 0:
+            break
+    if depth != 0 or text.startswith("[") != text.endswith("]"):
+        raise UserError(f"--constraint {text!r}: expected {CONSTRAINT.meaning}, with each ( closed by a ) and a "
+                        "[ at the start closed by a ] at the end")
+
+
+def check_host_ranges(flag_name: str, text: str) -> None:
+    """``--nodelist``/``--exclude``: each range in brackets counts up (n[5-1] names no host)."""
+    for ranges in re.findall(r"\[([0-9,-]+)\]", text):
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            if last and int(last) < int(first):
+                raise UserError(f"{flag_name} {text!r}: range {part!r}: expected FIRST-LAST with LAST >= FIRST")
 
 
 def begin_datetime(text: str) -> datetime.datetime | None:
     """The absolute start time of ``--begin`` (None for now+N, which only Slurm reads); a date that does not
-    exist is a UserError."""
+    exist, or one before 1970 (no scheduler can express it), is a UserError."""
     if text.startswith("now+"):
         return None
     try:
-        return datetime.datetime.fromisoformat(text)
+        when = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise UserError(f"--begin {text!r}: expected {BEGIN.meaning} (a date and time that exist)") from None
+    if when < EARLIEST_BEGIN:
+        raise UserError(f"--begin {text!r}: expected a time from {EARLIEST_BEGIN:%Y-%m-%d} on (the schedulers "
+                        "count time from 1970)")
+    return when
 
 
 def array_indexes(spec: str) -> tuple[list[int], int | None]:

@@ -77,7 +77,9 @@ def _choices(given: Mapping[str, Sequence[str]] | None) -> Iterator[None]:
         _GIVEN.reset(token)
 
 
-ONE_LINE = Pattern(r"[^\n\r]*", "one line of text")
+# What no line of a profile may hold: a control character (NUL, ESC...; a tab is text) or a line break of any kind.
+CONTROL_CHARS = r"\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029"
+ONE_LINE = Pattern(rf"[^{CONTROL_CHARS}]*", "one line of text")
 ENV_NAME = Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -203,11 +204,12 @@ def test_options_a_scheduler_lacks_are_refused_in_one_line(golden_workdir, site_
     ("--array", "9-1", "END >= START"), ("--array", "0-3%0", "%MAX >= 1"), ("--array", "1,1", "each index once"),
     ("--array", "a-b", "array indexes as a range"), ("--dependency", "afterok", "Slurm's dependency grammar"),
     ("--dependency", "afterok:1;rm", "Slurm's dependency grammar"), ("--mail-type", "BEGIN,LUNCH", "mail events"),
-    ("--mail-user", "a b@c", "a mail address"), ("--constraint", "a100 && ib", "node features"),
+    ("--mail-user", "a b@c", "whitespace (U+0020) at character 2"),
+    ("--constraint", "a100 && ib", "expected one directive value; whitespace"),
     ("--nodelist", "n1;n2", "host names or ranges"), ("--qos", "-high", "a name of letters"),
     ("--sched-opt", "comment=a;b", "';' outside quotes is not allowed"),
     ("--sched-opt", "--comment=x", "without leading dashes"), ("--sched-opt", "comment=$(id)", "'$' outside quotes"),
-    ("--sched-opt", "comment=\"a\nb\"", "KEY or KEY=VALUE"),
+    ("--sched-opt", "comment=\"a\nb\"", "whitespace (U+000A)"),
 ])
 def test_bad_option_values_name_flag_value_and_expectation(golden_workdir, flag, value, expected):
     from hpcvod.sites.joboptions import job_options
@@ -285,3 +287,163 @@ def test_array_index_reaches_the_ranks(golden_workdir):
         assert "exitcode.$HPCVOD_ARRAY_INDEX" in text
         _, _, plain = _plan(site_name, 1, 0, golden_workdir)
         assert "HPCVOD_ARRAY_INDEX" not in plain
+
+
+# ---- one value, one directive (issue 23: directives smuggled in values) -----------------------------------
+
+SITES_WITH_DIRECTIVES = ["slurm-ib-openmpi", "pbs-ib-openmpi", "sge-sandbox"]
+
+
+@pytest.mark.parametrize("value,named", [
+    ("comment=x --uid=0", "whitespace (U+0020) at character 10"),
+    ("comment=x\f--uid=0", "whitespace (U+000C)"), ("comment=x\v--uid=0", "whitespace (U+000B)"),
+    ("comment=x\t--uid=0", "whitespace (U+0009)"), ("comment=x\u00a0--uid=0", "whitespace (U+00A0)"),
+    ("comment=x\u2028--uid=0", "whitespace (U+2028)"), ("comment=x\u3000y", "whitespace (U+3000)"),
+    ("comment=x\x1cy", "whitespace (U+001C)"), ("comment=x\x00y", "a control character (U+0000)"),
+    ("comment=x\x1b[2Jy", "a control character (U+001B)"), ("comment=x\u200b--uid=0", "invisible format character"),
+    ("comment=\"x --uid=0\"", "whitespace (U+0020)"),  # sbatch reads quotes; qsub's families need not
+])
+def test_sched_opt_with_whitespace_or_control_characters_is_refused(value, named):
+    with pytest.raises(UserError) as err:
+        _options(sched_opt=[value])
+    text = str(err.value)
+    assert text.startswith(f"--sched-opt {value!r}: expected one directive value; ") and named in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("site_name", SITES_WITH_DIRECTIVES)
+def test_a_value_starting_with_a_dash_is_no_second_option(golden_workdir, site_name):
+    # `-h -V` (qsub) and `-H --export=NONE` (sbatch): a one-letter option without an argument, then another one
+    for value in ("h=-V", "H=--export=NONE"):
+        with pytest.raises(UserError, match="a VALUE that starts with '-'"):
+            _options(sched_opt=[value])
+
+
+def test_sched_opt_cannot_change_the_export_that_carries_the_secrets(golden_workdir):
+    """The issue's case: --secret-env with a --sched-opt carrying --export=NONE changed the export sbatch ran
+    with, and the job lost its secret; neither the smuggled word nor the directive itself gets through."""
+    from submission_helpers import hpcvod, one_error_line
+
+    env = {**os.environ, "TOKEN": "s3cret"}
+    for opt, expected in (("comment=x --export=NONE", "whitespace (U+0020)"),
+                          ("export=NONE", "--export is left to hpcvod on slurm (the job's environment is --env and "
+                                          "--secret-env)"),
+                          ("expo=NONE", "--export is left to hpcvod on slurm")):
+        done = hpcvod("submit", "--dry-run", "--site", "slurm-ib-openmpi", "--secret-env", "TOKEN", "--sched-opt",
+                      opt, "train.py", cwd=golden_workdir, env=env)
+        one_error_line(done.returncode, done.stderr, f"--sched-opt {opt!r}", expected)
+
+
+@pytest.mark.parametrize("site_name,value,expected", [
+    ("slurm-ib-openmpi", "ntasks=64", "--ntasks is left to hpcvod on slurm (use --nodes and --tasks-per-node)"),
+    ("slurm-ib-openmpi", "N=3", "-N is left to hpcvod on slurm (use --nodes)"),
+    ("slurm-ib-openmpi", "output=/tmp/x", "--output is left to hpcvod on slurm (the job's log is output.log"),
+    ("slurm-ib-openmpi", "e=err.log", "-e is left to hpcvod"), ("slurm-ib-openmpi", "no-requeue", "preemption"),
+    ("slurm-ib-openmpi", "qos=high", "--qos is left to hpcvod on slurm (use --qos)"),
+    ("slurm-ib-openmpi", "part=debug", "--partition is left to hpcvod"),  # getopt_long's abbreviation
+    ("slurm-ib-openmpi", "get-user-env", "--get-user-env is left to hpcvod"),
+    ("pbs-ib-openmpi", "V", "-V is left to hpcvod on pbs (the job's environment is --env and --secret-env)"),
+    ("pbs-ib-openmpi", "l=software=x,walltime=99:00:00", "-l walltime is left to hpcvod on pbs (use --time)"),
+    ("pbs-ib-openmpi", "l=select=1:ncpus=1", "-l select is left to hpcvod"),
+    ("pbs-ib-openmpi", "l=ngpus=8", "-l ngpus is left to hpcvod on pbs (use --gpus-per-node)"),
+    ("pbs-ib-openmpi", "W=depend=afterok:1", "-W depend is left to hpcvod on pbs (use --dependency)"),
+    ("pbs-ib-openmpi", "o=elsewhere", "-o is left to hpcvod on pbs (the job's log"),
+    ("pbs-ib-openmpi", "lselect=1", "expected one letter, a qsub option"),
+    ("sge-sandbox", "l=h_vmem=4G,h_rt=99:00:00", "-l h_rt is left to hpcvod on sge (use --time)"),
+    ("sge-sandbox", "pe=mpi", "-pe is left to hpcvod on sge (use --nodes and --tasks-per-node"),
+    ("sge-sandbox", "V", "-V is left to hpcvod on sge"), ("sge-sandbox", "clear", "-clear is left to hpcvod"),
+    ("sge-sandbox", "l=gpu=4", "-l gpu is left to hpcvod on sge (use --gpus-per-node)"),
+    ("sge-sandbox", "S=/bin/sh", "-S is left to hpcvod on sge (the job script is bash)"),
+])
+def test_sched_opt_cannot_override_a_directive_hpcvod_computes(golden_workdir, site_name, value, expected):
+    with pytest.raises(UserError) as err:
+        _plan(site_name, 1, 0, golden_workdir, options=_options(sched_opt=[value]))
+    text = str(err.value)
+    assert text.startswith(f"--sched-opt {value!r}: ") and expected in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("site_name,value,line", [
+    ("slurm-ib-openmpi", "comment=\"a;b\"", "#SBATCH --comment=\"a;b\""),
+    ("slurm-ib-openmpi", "H", "#SBATCH -H"), ("slurm-ib-openmpi", "time-min=10", "#SBATCH --time-min=10"),
+    ("pbs-ib-openmpi", "W=group_list=proj", "#PBS -W group_list=proj"), ("pbs-ib-openmpi", "h", "#PBS -h"),
+    ("sge-sandbox", "l=h_vmem=4G", "#$ -l h_vmem=4G"), ("sge-sandbox", "ac=sweep=1", "#$ -ac sweep=1"),
+])
+def test_other_directives_still_pass(golden_workdir, site_name, value, line):
+    _, _, text = _plan(site_name, 1, 0, golden_workdir, options=_options(sched_opt=[value]))
+    assert text.count(f"\n{line}\n") == 1, text
+
+
+def test_a_partition_default_that_names_a_computed_directive_names_its_key(golden_workdir, tmp_path):
+    profile = _with_defaults(tmp_path, "      sched_opt: [export=NONE]\n")
+    site = load_site(str(profile), environ=NO_USER_CONFIG)
+    with pytest.raises(UserError) as err:
+        resolve(JobSpec(program="train.py", gpus_per_node=4), site, golden_host(gpus=4))
+    assert str(err.value).startswith("site 'defaults': partitions.gpu.job_defaults: --sched-opt 'export=NONE': "
+                                     "--export is left to hpcvod on slurm"), err.value
+
+
+@pytest.mark.parametrize("line", ["      sched_opt: [\"comment=a\\0b\"]\n", "      sched_opt: [\"comment=a b\"]\n",
+                                  "      sched_opt: [\"comment=a\\u2029b\"]\n", "      qos: \"a\\x0bb\"\n"])
+def test_sites_validate_refuses_a_nul_or_space_in_a_partition_default(golden_workdir, tmp_path, line):
+    profile = _with_defaults(tmp_path, line)
+    key = "partitions.gpu.job_defaults." + line.split(":")[0].strip()
+    text = _validate_error(golden_workdir, profile, key + ("[0]" if "sched_opt" in key else ""), "expected")
+    assert re.match(rf"{re.escape(str(profile))}:\d+: {re.escape(key)}", text), text
+
+
+def _validate_error(cwd, profile, *pieces: str) -> str:
+    """`sites validate PROFILE` refuses it: exit 2, one line naming the file and line, each piece, printable."""
+    from submission_helpers import hpcvod
+
+    done = hpcvod("sites", "validate", str(profile), cwd=cwd)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(f"{profile}:"), done.stderr
+    assert done.stderr.rstrip("\n").isprintable(), repr(done.stderr)
+    for piece in pieces:
+        assert piece in done.stderr, done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize("key,text", [("directives", "  extra: [\"--comment=a\\0b\"]\n"),
+                                      ("setup", "  - \"echo a\\0b\"\n"), ("description", " \"a\\x1b[2Jb\"\n")])
+def test_no_profile_line_holds_a_control_character(golden_workdir, tmp_path, key, text):
+    profile = tmp_path / "ctl.yaml"
+    profile.write_text(f"extends: {GOLDEN_SITES / 'slurm-ib-openmpi.yaml'}\n{key}:"
+                       + (text if text.startswith(" \"") else "\n" + text))
+    _validate_error(golden_workdir, profile, key, "expected one line of text")
+
+
+# ---- dates, expressions and host lists a scheduler cannot read (issue 23, item 14) -----------------------
+
+@pytest.mark.parametrize("site_name", SITES_WITH_DIRECTIVES)
+def test_begin_before_1970_is_refused_everywhere(golden_workdir, site_name):
+    for value in ("0001-01-01", "1969-12-31T23:59:59"):
+        with pytest.raises(UserError, match=re.escape(f"--begin {value!r}: expected a time from 1970-01-01 on")):
+            _plan(site_name, 1, 0, golden_workdir, options=_options(begin=value))
+    _, plan, _ = _plan(site_name, 1, 0, golden_workdir, options=_options(begin="1970-01-01"))
+    if site_name != "slurm-ib-openmpi":
+        assert "-a 197001010000.00" in plan.directives  # qsub's CCYYMMDDhhmm.SS, four digits of year
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--constraint", "((a)", "each ( closed by a )"), ("--constraint", "(a))", "each ( closed by a )"),
+    ("--constraint", "a)&(b", "each ( closed by a )"), ("--constraint", "[a|b", "a [ at the start closed by a ]"),
+    ("--constraint", "a|b]", "node features"), ("--constraint", "a||b", "node features"),
+    ("--constraint", "[a|]", "node features"), ("--constraint", "()", "node features"),
+    ("--nodelist", "n[5-1]", "range '5-1': expected FIRST-LAST with LAST >= FIRST"),
+    ("--exclude", "n[1-3,9-7]", "range '9-7'"), ("--nodelist", "n[1--2]", "host names or ranges"),
+    ("--nodelist", "n[,1]", "host names or ranges"), ("--nodelist", "n[-]", "host names or ranges"),
+    ("--nodelist", "n[]", "host names or ranges"), ("--nodelist", "n[1-2", "host names or ranges"),
+])
+def test_unbalanced_expressions_and_descending_ranges_are_refused(flag, value, expected):
+    with pytest.raises(UserError) as err:
+        _options(**{flag[2:]: value})
+    assert str(err.value).startswith(f"{flag} {value!r}: ") and expected in str(err.value), err.value
+
+
+def test_balanced_expressions_and_ranges_pass(golden_workdir):
+    for constraint in ("(a|b)&c", "[rack1*2&rack2*4]", "((a&b)|c)", "a100&ib"):
+        _options(constraint=constraint)
+    _, plan, _ = _plan("slurm-ib-openmpi", 1, 0, golden_workdir,
+                       options=_options(nodelist="n[01-04,7,9-9],gpu7", constraint="[r1|r2]"))
+    assert {"--nodelist=n[01-04,7,9-9],gpu7", "--constraint=[r1|r2]"} <= set(plan.directives)

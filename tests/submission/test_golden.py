@@ -51,7 +51,7 @@ OPTIONS = {
     "slurm-ib-openmpi": dict(exclusive=True, mem="64G", constraint="a100&ib", qos="high", reservation="maint",
                              nodelist="n[01-04]", exclude="n07", begin="2026-12-01T10:00", mail_type="BEGIN,END,FAIL",
                              mail_user="ada@example.org", dependency="afterok:123:456,afterany:789",
-                             array="0-15%4", sched_opt=["gres-flags=enforce-binding", "comment=\"sweep 1\""]),
+                             array="0-15%4", sched_opt=["gres-flags=enforce-binding", "comment=\"sweep;1\""]),
     "pbs-ib-openmpi": dict(exclusive=True, mem="64G", begin="2026-12-01T10:00:30", mail_type="BEGIN,FAIL",
                            mail_user="ada@example.org", dependency="afterok:123.server:124.server", array="0-9",
                            sched_opt=["l=software=matlab"]),

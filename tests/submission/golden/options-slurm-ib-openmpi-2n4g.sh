@@ -28,7 +28,7 @@
 #SBATCH --open-mode=append
 #SBATCH --signal=B:USR1@120
 #SBATCH --gres-flags=enforce-binding
-#SBATCH --comment="sweep 1"
+#SBATCH --comment="sweep;1"
 
 # sbatch ran in the job folder: logs and the exit status go there
 export HPCVOD_JOB_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
