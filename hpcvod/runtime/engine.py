@@ -1,8 +1,8 @@
 """The engine: one :class:`Lane` per process set this rank belongs to, a small Horovod controller.
 
-The rooms of the engine:
+The parts of a lane (docs/runtime.md, "The engine's parts", says who owns what and which thread touches it):
 
-* **this module, the lane**: the queue and the driver. ``submit`` appends a
+* **this module, the lane**: the queue and the driver, and the names of requests (:class:`Names`). ``submit`` appends a
   :class:`~hpcvod.runtime.handles.Handle` and, for asynchronous calls, wakes the lane's background thread.
   Exactly one thread at a time "drives" a lane (runs cycles; every MPI call of the lane happens in the driver).
   A blocking call that finds the lane idle drives it itself, in the caller's thread, so a lone ``allreduce``
@@ -11,11 +11,12 @@ The rooms of the engine:
   in negotiations (there is no cycle floor); the ones waiting poll with a short spin and then a backing-off
   sleep, so a rank waiting for a slow peer does not burn a core.
 * **negotiation.py**: one cycle of agreement (a bit vector per rank in one ``Iallreduce``), the full round when
-  a request is new, mismatch and out-of-step errors, the response cache, joined ranks' stand-ins.
-* **the executors**, one interface: host.py (host memory over MPI: fusion into one buffer and one in-place
-  ``MPI_Allreduce``, results from a pool of aligned blocks) and nccl.py (device memory over NCCL, or staged
-  through the host executor). The lane groups the agreed requests (allreduces of one dtype/op/scaling fused up
-  to ``HPCVOD_FUSION_THRESHOLD`` bytes) and gives each group to the executor of its memory.
+  a request is new, mismatch and out-of-step errors, the join state, joined ranks' stand-ins; it owns the
+  **response cache** (response_cache.py).
+* **executors.py**: groups the agreed requests (allreduces of one dtype/op/scaling fused up to
+  ``HPCVOD_FUSION_THRESHOLD`` bytes) and gives each group to the executor of its memory: host.py (host memory
+  over MPI: fusion into one buffer and one in-place ``MPI_Allreduce``, results from a pool of aligned blocks)
+  and nccl.py (device memory over NCCL, or staged through the host executor).
 * **tables.py**: the op and dtype tables both executors use.
 
 Lanes of different process sets have separate communicators and threads, so they cannot deadlock each other
@@ -30,84 +31,41 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import handles as K
 from .errors import HpcvodError, HpcvodInputError, HpcvodShutdownError
+from .executors import Executors
 from .handles import Handle
-from .host import HostOps
-from .negotiation import FIRST_BIT, NEED_FULL, NOT_JOINED, SOME_JOINED, Negotiation, _Entry, fuse_key
+from .negotiation import Negotiation
 from .timeline import NEGOTIATE, Timeline
 
 _perf = time.perf_counter
 
-NAMED_SWEEP = 4096          # names remembered before finished ones are forgotten (Lane._claim_names)
-SPIN_SECONDS = 0.002       # see Lane._wait_request
+NAMED_SWEEP = 4096          # names remembered before finished ones are forgotten (Names.claim)
 
 
-class Lane(Negotiation):
-    """The engine of one process set on this rank (see the module docstring); its negotiation and response
-    cache are in negotiation.py, its executors in host.py and nccl.py."""
+class Names:
+    """The names of a lane's requests: unnamed collectives get the next of one counter, and a name still in
+    flight on this rank is refused (submitting threads call it; next() and dict stores are atomic)."""
 
-    def __init__(self, comm: MPI.Comm, set_id: int, ranks: list[int], settings: Any,
-                 timeline: Optional[Timeline] = None) -> None:
-        self.comm = comm
-        self.set_id = set_id
-        self.ranks = ranks                       # global ranks of the members, in set-rank order
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        self.fusion_threshold = settings.fusion_threshold
-        self.cache_capacity = settings.cache_capacity
-        self.cycle_time = settings.cycle_time_ms / 1000.0
-        self._hierarchical = bool(settings.hierarchical_allreduce)
-        # the executors: host memory over MPI...
-        self._host = HostOps(comm, self._hierarchical, self.fusion_threshold)
-        self._gpu_operations = settings.gpu_operations
-        self._device_ops: Any = None             # ...and device memory over NCCL, made on the first device request
-        self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
-        # Submitted, not yet taken by the driver. A deque: append/popleft are atomic, so submitters need no lock.
-        self._queue: collections.deque[Handle] = collections.deque()
-        self._waiting: dict[str, Handle] = {}    # negotiated, not yet ready everywhere (driver-owned)
-        self._driving = False
-        self._nwaiters = 0
-        self._bg: Optional[threading.Thread] = None
-        self._bg_sleeping = False
-        self._stopping = False
-        self._abort: Optional[BaseException] = None
-        # Response cache: same content on every member, because it only changes from agreed data.
-        self._cache: dict[Any, _Entry] = {}
-        self._by_bit: dict[int, _Entry] = {}
-        self._free_bits: list[int] = []
-        self._next_bit = FIRST_BIT
-        self._all_bits = 0                       # mask of the bits of live entries
-        self._nbytes = 8
-        self._join: Optional[Handle] = None
-        self._join_new = False
-        self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
-        self._names = itertools.count(1)         # unnamed collectives (next() is atomic under the GIL)
-        self._named: dict[str, Handle] = {}      # the last handle submitted under each name (see _claim_names)
-        self._named_limit = NAMED_SWEEP
-        self.cycles = 0                          # negotiations started (the same sequence on every member)
-        self.agreed = 0                          # negotiations completed
-        # (agreed, error) once a member has left cleanly: negotiations past its count can never complete
-        self._left: Optional[tuple[int, BaseException]] = None
-        self._for_caller = False                 # the driver runs for a caller that waits (not the bg thread)
+    def __init__(self) -> None:
+        self._counter = itertools.count(1)
+        self._named: dict[str, Handle] = {}      # the last handle submitted under each name
+        self._limit = NAMED_SWEEP
 
-    # ----------------------------------------------------------------------------------- submission
-    def auto_name(self) -> str:
+    def auto(self) -> str:
         """The name of the next unnamed collective.
 
         One counter for every kind of collective: ranks that call different collectives in the same position
         get the same name and hence a mismatch error instead of a hang.
         """
-        return f"noname.{next(self._names)}"
+        return f"noname.{next(self._counter)}"
 
-    def _claim_names(self, hs: "list[Handle]") -> None:
+    def claim(self, hs: list[Handle]) -> None:
         """Refuse a name still in flight on this rank, before anything is queued (Horovod raises at submission).
 
         Two requests under one name cannot be told apart by the other ranks: accepted, they would pair with the
@@ -127,17 +85,61 @@ class Lane(Negotiation):
         for h in hs:
             if not h.unnamed:
                 named[h.name] = h
-        if len(named) > self._named_limit:       # forget finished ones now and then (names that change per step)
+        if len(named) > self._limit:             # forget finished ones now and then (names that change per step)
             for name in [n for n, o in named.items() if o.done]:
                 del named[name]
-            self._named_limit = max(NAMED_SWEEP, 2 * len(named))
+            self._limit = max(NAMED_SWEEP, 2 * len(named))
+
+
+class Lane:
+    """The engine of one process set on this rank: the queue and the driver (see the module docstring),
+    composing its :class:`~hpcvod.runtime.negotiation.Negotiation` and
+    :class:`~hpcvod.runtime.executors.Executors`."""
+
+    def __init__(self, comm: MPI.Comm, set_id: int, ranks: list[int], settings: Any,
+                 timeline: Timeline | None = None) -> None:
+        self.comm = comm
+        self.set_id = set_id
+        self.ranks = ranks                       # global ranks of the members, in set-rank order
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.cycle_time = settings.cycle_time_ms / 1000.0
+        self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
+        self.names = Names()
+        self.executors = Executors(comm, set_id, settings)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        # Submitted, not yet taken by the driver. A deque: append/popleft are atomic, so submitters need no lock.
+        self._queue: collections.deque[Handle] = collections.deque()
+        self.negotiation = Negotiation(comm, set_id, ranks, settings.cache_capacity, self._queue, self._run,
+                                       self._finish, self._caller_waits, self._aborted)
+        # the negotiation's own containers, read on the hot path without an attribute hop (never rebound)
+        self._waiting = self.negotiation.waiting
+        self._join = self.negotiation.join
+        self._driving = False
+        self._nwaiters = 0
+        self._bg: threading.Thread | None = None
+        self._bg_sleeping = False
+        self._stopping = False
+        self._abort: BaseException | None = None
+        self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
+        self._for_caller = False                 # the driver runs for a caller that waits (not the bg thread)
+
+    @property
+    def agreed(self) -> int:
+        """Negotiations completed (the same sequence on every member)."""
+        return self.negotiation.agreed
+
+    # ----------------------------------------------------------------------------------- submission
+    def auto_name(self) -> str:
+        return self.names.auto()
 
     def submit(self, h: Handle) -> Handle:
         """Queue ``h`` for the background thread (asynchronous forms). Lock-free in the common case."""
         if self._abort is not None:
             raise self._abort
         if not h.unnamed:
-            self._claim_names([h])
+            self.names.claim([h])
         if self.timeline is not None:
             h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
@@ -151,7 +153,7 @@ class Lane(Negotiation):
         """Queue several handles atomically (one deque.extend), so that they are negotiated together."""
         if self._abort is not None:
             raise self._abort
-        self._claim_names(hs)
+        self.names.claim(hs)
         for h in hs:
             h.lane = self
         self._queue.extend(hs)
@@ -167,11 +169,12 @@ class Lane(Negotiation):
         """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
         h.lane = self
         if not h.unnamed:
-            self._claim_names([h])
+            self.names.claim([h])
         h.t_submit = _perf()
         lock = self._lock
         lock.acquire()
-        if self._driving or self._queue or self._waiting or self._join is not None or self._abort is not None:
+        if self._driving or self._queue or self._waiting or self._join.handle is not None or \
+                self._abort is not None:
             if self._abort is not None:
                 lock.release()
                 raise self._abort
@@ -192,48 +195,20 @@ class Lane(Negotiation):
         return h.result
 
     def _solo(self, h: Handle) -> None:
-        """The idle-lane fast path: one cached request, one tiny negotiation, one MPI call, this thread.
-
-        This is every blocking call of a training loop, so it avoids everything the general cycle needs
-        for many requests (kept in step with _cycle and _process).
-        """
+        """The idle-lane fast path (Negotiation.solo): one cached request, one tiny negotiation, one MPI call,
+        this thread. This is every blocking call of a training loop."""
         self._for_caller = True
         try:
-            if h.kind == K.JOIN:
-                self._join = h
-                self._join_new = True
-            else:
-                if h.unnamed:
-                    h.key = ("#", h.sig, 0)
-                e = self._cache.get(h.key)
-                if e is not None and e.sig == h.sig:
-                    h.entry = e
-                    mask = e.mask
-                    self.cycles += 1
-                    if self._left is not None:
-                        self._check_left()
-                    buf = bytearray((NOT_JOINED | (self._all_bits & ~mask)).to_bytes(self._nbytes, "little"))
-                    req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
-                    if not req.Test():
-                        self._wait_request(req)
-                    self.agreed = self.cycles
-                    g = int.from_bytes(buf, "little")
-                    if g & (NEED_FULL | SOME_JOINED) or g & mask:
-                        self._waiting[h.name] = h
-                        self._process(g, False, False, mask)      # the others want more than this request
-                    else:
-                        e.last = self.cycles
-                        tl = self.timeline
-                        if tl is not None:
-                            h.t_ready = _perf()
-                            tl.span(h.name, NEGOTIATE, h.t_submit, h.t_ready)
-                        if h.kind == K.ALLREDUCE:
-                            self._allreduce_one(h, tl)
-                        else:
-                            self._run_others([h], tl)
-                        return
+            if self.negotiation.solo(h):
+                tl = self.timeline
+                if tl is not None:
+                    h.t_ready = _perf()
+                    tl.span(h.name, NEGOTIATE, h.t_submit, h.t_ready)
+                if h.kind == K.ALLREDUCE:
+                    self.executors.allreduce_one(h, tl)
                 else:
-                    self._waiting[h.name] = h
+                    self.executors.run_others([h], tl)
+                return
             while not h.done:
                 self._cycle()
         except BaseException as exc:
@@ -264,6 +239,9 @@ class Lane(Negotiation):
         self._drive(h)
 
     # ------------------------------------------------------------------------------ the driver loop
+    def _has_work(self) -> bool:
+        return bool(self._queue or self._waiting or self._join.handle is not None)
+
     def _wake_bg_locked(self) -> None:
         if self._bg is None:
             self._bg = threading.Thread(target=self._bg_main, name=f"hpcvod-lane-{self.set_id}", daemon=True)
@@ -275,13 +253,12 @@ class Lane(Negotiation):
     def _release_driver(self) -> None:
         with self._lock:
             self._driving = False
-            if (self._queue or self._waiting or self._join is not None) and not self._stopping \
-                    and self._abort is None:
+            if self._has_work() and not self._stopping and self._abort is None:
                 self._wake_bg_locked()
             if self._nwaiters:
                 self._cv.notify_all()
 
-    def _drive(self, target: Optional[Handle]) -> None:
+    def _drive(self, target: Handle | None) -> None:
         """Run cycles until ``target`` is done (or, for the background thread, until no work is left)."""
         self._for_caller = target is not None
         try:
@@ -290,7 +267,7 @@ class Lane(Negotiation):
                 if target is not None:
                     if target.done:
                         break
-                elif not (self._queue or self._waiting or self._join is not None) or self._stopping:
+                elif not self._has_work() or self._stopping:
                     break
         except BaseException as exc:  # an MPI error or an abort: nothing in flight can complete any more
             self._fail_everything(exc)
@@ -299,18 +276,17 @@ class Lane(Negotiation):
         finally:
             self._release_driver()
 
-    def _has_work(self) -> bool:
-        return not self._driving and self._abort is None and bool(
-            self._queue or self._waiting or self._join is not None)
+    def _bg_can_drive(self) -> bool:
+        return not self._driving and self._abort is None and self._has_work()
 
     def _bg_main(self) -> None:
         while True:
             with self._lock:
-                while not self._has_work():
+                while not self._bg_can_drive():
                     if self._stopping:
                         return
                     self._bg_sleeping = True
-                    if self._has_work():       # submit() appends without the lock, then reads "sleeping"
+                    if self._bg_can_drive():   # submit() appends without the lock, then reads "sleeping"
                         break
                     self._cv.wait()
                 if self._stopping:
@@ -324,19 +300,53 @@ class Lane(Negotiation):
             except BaseException as exc:  # pragma: no cover - reported to every waiter by _drive
                 print(f"hpcvod: engine thread of process set {self.set_id} failed: {exc!r}", file=sys.stderr)
 
+    def _cycle(self) -> None:
+        now = _perf()
+        tl = self.timeline
+        if tl is not None:
+            tl.cycle_mark(now)
+        self.negotiation.cycle(now)
+
+    # ------------------------------------------------------------------------- the negotiation's hooks
+    def _run(self, ready: list[Handle]) -> None:
+        """Execute what a negotiation agreed on (every member runs the same list in the same order)."""
+        tl = self.timeline
+        if tl is not None:
+            tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready),
+                     ready[0].t_ready)
+        self._inflight = ready
+        self.executors.run(ready, tl)
+        self._inflight = []
+        if self._nwaiters:
+            self._notify()
+
+    def _finish(self, h: Handle, error: BaseException | None = None) -> None:
+        if error is not None:
+            h.error = error
+        h.done = True
+        if self._nwaiters:
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._cv.notify_all()
+
+    def _caller_waits(self) -> bool:
+        return self._for_caller or bool(self._nwaiters)
+
+    def _aborted(self) -> BaseException | None:
+        return self._abort
+
+    # ----------------------------------------------------------------------------- ending, failures
     def _fail_everything(self, exc: BaseException) -> None:
         err = exc if isinstance(exc, HpcvodError) else HpcvodError(
             f"collective failed in process set {self.set_id}: {type(exc).__name__}: {exc}")
         with self._lock:
             if self._abort is None:
                 self._abort = err
-            pending = list(self._queue) + list(self._waiting.values()) + self._inflight
+            pending = list(self._queue) + self.negotiation.drain() + self._inflight
             self._inflight = []
             self._queue.clear()
-            self._waiting.clear()
-            if self._join is not None:
-                pending.append(self._join)
-                self._join = None
             self._cv.notify_all()
         for h in pending:
             if not h.done:
@@ -358,24 +368,18 @@ class Lane(Negotiation):
         complete (it took part in them); any later one, pending or future, fails with ``exc`` instead of
         waiting for ever (Horovod: "Horovod has been shut down ... after one of the ranks finished")."""
         with self._lock:
-            if self._left is None or agreed < self._left[0]:
-                self._left = (agreed, exc)
+            self.negotiation.peer_left(agreed, exc)
             self._cv.notify_all()
 
-    def _check_left(self) -> None:
-        left = self._left
-        if left is not None and self.cycles > left[0]:
-            raise left[1]
-
-    def busy_at(self) -> Optional[int]:
+    def busy_at(self) -> int | None:
         """The negotiation a driver is busy with, or None when the lane is idle."""
-        return self.cycles if self._driving else None
+        return self.negotiation.cycles if self._driving else None
 
     def stop(self) -> None:
         """Shut the lane down: pending operations fail with HpcvodShutdownError."""
         with self._lock:
             self._stopping = True
-            if self._abort is None and (self._queue or self._waiting or self._join):
+            if self._abort is None and self._has_work():
                 self._abort = HpcvodShutdownError(
                     f"hpcvod was shut down while collectives were pending in process set {self.set_id}")
             self._cv.notify_all()
@@ -388,144 +392,23 @@ class Lane(Negotiation):
 
     def free(self) -> None:
         """Release the lane's communicators (after stop(), when nothing is in flight)."""
-        if self._device_ops is not None:
-            self._device_ops.close()
-            self._device_ops = None
-        self._host.free()
+        self.executors.free()
         self.comm.Free()
+
+    def mpi_handles(self) -> list[Any]:
+        """The MPI communicators and the request this lane still holds (none after free())."""
+        held = [self.comm] if self.comm != MPI.COMM_NULL else []
+        held += self.executors.mpi_handles()
+        if self.negotiation.request is not None:
+            held.append(self.negotiation.request)
+        return held
 
     def pending(self) -> list[tuple[str, int, float]]:
         """(name, kind, seconds waiting) of every request not yet done (for the stall inspector)."""
         now = _perf()
-        items = list(self._waiting.values()) + list(self._queue)
-        if self._join is not None:
-            items.append(self._join)
+        items = self.negotiation.pending() + list(self._queue)
         # a request still in the queue may not be stamped yet (t_submit 0): it has just arrived
         return [(h.name, h.kind, now - h.t_submit if h.t_submit else 0.0) for h in items if not h.done]
-
-    # ---------------------------------------------------------------------------------- one cycle
-
-
-    def _wait_request(self, req: MPI.Request) -> None:
-        """Poll ``req``: spin (like MPI itself) for SPIN_SECONDS, then sleep with a growing (<= 1 ms) back-off.
-
-        Peers routinely arrive a few hundred microseconds apart (a large reduction ends earlier on one rank
-        than on the other), so the spin must cover that; a peer that is still computing costs a sleeping
-        poll, not a core.
-        """
-        test = req.Test
-        if test():
-            return
-        t0 = _perf()
-        while not test():
-            waited = _perf() - t0
-            if waited < SPIN_SECONDS:
-                continue
-            if self._abort is not None:
-                raise self._abort
-            if self._left is not None:
-                self._check_left()
-            time.sleep(min(0.001, waited * 0.05))
-
-
-
-    def _finish(self, h: Handle, error: Optional[BaseException] = None) -> None:
-        if error is not None:
-            h.error = error
-        h.done = True
-        if self._nwaiters:
-            self._notify()
-
-    def _notify(self) -> None:
-        with self._lock:
-            self._cv.notify_all()
-
-    def _execute(self, ready: list[Handle], tl: Optional[Timeline]) -> None:
-        """Run the agreed responses: fused allreduces first (grouped by dtype/op/scaling), then the rest."""
-        if len(ready) == 1:
-            h = ready[0]
-            if h.kind == K.ALLREDUCE:
-                self._allreduce_one(h, tl)
-            else:
-                self._run_others([h], tl)
-        else:
-            groups: dict[Any, list[Handle]] = {}
-            others: list[Handle] = []
-            first = ready[0].entry
-            key = first.fuse if first is not None else None
-            if key is not None:                  # the usual burst: one dtype/op/scaling for everything
-                for h in ready:
-                    e = h.entry
-                    if e is None or e.fuse is not key:
-                        break
-                else:
-                    groups[key] = ready
-            for h in (ready if not groups else ()):
-                if h.kind == K.ALLREDUCE:
-                    e = h.entry
-                    key = e.fuse if e is not None else fuse_key(h.sig)
-                    g = groups.get(key)
-                    if g is None:
-                        groups[key] = [h]
-                    else:
-                        g.append(h)
-                else:
-                    others.append(h)
-            threshold = self.fusion_threshold
-            for group in groups.values():
-                if threshold == 0 or len(group) == 1:
-                    for h in group:
-                        self._allreduce_one(h, tl)
-                    continue
-                chunk: list[Handle] = []
-                nbytes = 0
-                for h in group:
-                    n = h.tensor.nbytes
-                    if chunk and nbytes + n > threshold:
-                        self._executor(chunk[0]).allreduce(chunk, nbytes, tl)
-                        chunk, nbytes = [], 0
-                    chunk.append(h)
-                    nbytes += n
-                if len(chunk) == 1:
-                    self._allreduce_one(chunk[0], tl)
-                elif chunk:
-                    self._executor(chunk[0]).allreduce(chunk, nbytes, tl)
-            if others:
-                self._run_others(others, tl)
-        if self._nwaiters:
-            self._notify()
-
-    def _devices(self) -> Any:
-        """The lane's device executor (collective on first use: every member gets here in the agreed order)."""
-        ops = self._device_ops
-        if ops is None:
-            from .nccl import DeviceOps
-            ops = self._device_ops = DeviceOps(self.comm, self.set_id, self._host, self._gpu_operations,
-                                               self._hierarchical)
-        return ops
-
-    def _executor(self, h: Handle) -> Any:
-        """The executor of ``h``'s memory (fuse keys keep device and host requests in separate groups)."""
-        return self._devices() if h.device else self._host
-
-    def _allreduce_one(self, h: Handle, tl: Optional[Timeline]) -> None:
-        if h.device:
-            self._devices().allreduce([h], h.tensor.nbytes, tl)
-        else:
-            self._host.allreduce_one(h, tl)
-
-    def _run_others(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
-        """Everything but fused allreduces, host requests first (the same split on every member: signatures
-        say which memory a request is in), each executor in the agreed order."""
-        host = [h for h in hs if not h.device]
-        if host:
-            self._host.run_others(host, tl)
-        if len(host) < len(hs):
-            self._devices().run_others([h for h in hs if h.device], tl)
-
-
-
-
 
 
 def dumps(obj: Any) -> np.ndarray:

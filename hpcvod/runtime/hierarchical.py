@@ -91,3 +91,8 @@ class Topology:
     def free(self) -> None:
         for c in (self.local, self.cross):
             c.Free()
+
+    def communicators(self) -> list[Any]:
+        """The sub-communicators not freed yet."""
+        from mpi4py import MPI
+        return [c for c in (self.local, self.cross) if c != MPI.COMM_NULL]

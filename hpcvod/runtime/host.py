@@ -98,6 +98,10 @@ class HostOps:
             self._topology.free()
             self._topology = None
 
+    def communicators(self) -> list[Any]:
+        """The MPI communicators this executor made and still holds (its node split)."""
+        return self._topology.communicators() if self._topology is not None else []
+
     def run(self, h: Handle) -> None:
         """One request of any kind (device requests staged through host memory come here too)."""
         if h.kind == K.ALLREDUCE:

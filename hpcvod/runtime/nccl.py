@@ -129,6 +129,10 @@ class DeviceOps:
             self._topology.free()
         self._comm = self._local = self._cross = self._topology = None
 
+    def communicators(self) -> list[Any]:
+        """The MPI communicators this executor made and still holds (its node split)."""
+        return self._topology.communicators() if self._topology is not None else []
+
     # ----------------------------------------------------------------------------------- helpers
     def _types(self, elem: Any, op: int) -> tuple[int, int]:
         """NCCL's data type and op for a signature's element type (a dtype, or BFLOAT16) and Horovod op."""

@@ -1,22 +1,24 @@
-"""Negotiation and the response cache: how the members of a lane agree on what is ready, in one order.
+"""Negotiation: how the members of a lane agree on what is ready, in one order.
 
 Every rank that has pending work contributes a bit vector to one ``Iallreduce(BOR)``: a bit per response-cache
-entry it has *not* submitted, plus flags. An entry whose bit nobody set is ready everywhere; the common
-steady-state cycle is therefore one tiny collective. When any rank holds a request the cache does not know
-(first iteration, new shape, cache off), the flags say so and all ranks exchange their full pending lists
+entry (response_cache.py) it has *not* submitted, plus flags. An entry whose bit nobody set is ready everywhere;
+the common steady-state cycle is therefore one tiny collective. When any rank holds a request the cache does not
+know (first iteration, new shape, cache off), the flags say so and all ranks exchange their full pending lists
 (``allgather``); each rank then computes the same responses from the same data: a name submitted by every rank
 with equal signatures becomes a response (and a cache entry), a name submitted by every rank with different
 signatures becomes an :class:`HpcvodMismatchError` on every rank. Joined ranks take part with stand-ins.
 
-:class:`Negotiation` is the part of a lane (engine.Lane) that does this; the lane owns the queue, the driver
-and the executors, and runs what negotiation agrees on.
+:class:`Negotiation` is one part of a lane (engine.Lane): it takes requests from the lane's queue, keeps those
+not yet ready everywhere, owns the response cache and the join state, and hands what is agreed to the lane's
+``run`` hook. Only the thread that drives the lane calls it (docs/runtime.md, "The engine's parts").
 """
 
 from __future__ import annotations
 
+import collections
 import operator
 import time
-from typing import Any, Optional
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -24,8 +26,8 @@ from mpi4py import MPI
 from . import handles as K
 from .errors import HpcvodInputError, HpcvodMismatchError, first_of
 from .handles import Handle, Signature
+from .response_cache import ResponseCache
 from .tables import AVERAGE, arithmetic_dtype, describe_sig, identity_fill, is_bfloat16, mpi_reduce_op, mpi_type
-from .timeline import NEGOTIATE
 
 # Negotiation word: flags in the low bits, then one bit per response-cache entry ("I have NOT submitted it").
 NEED_FULL = 1      # some rank holds a request the cache does not know: exchange full lists
@@ -38,57 +40,136 @@ _JOIN = K.JOIN
 # that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
 FULL_ROUND_AFTER_SECONDS = 1.0
 DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
+SPIN_SECONDS = 0.002          # see Negotiation.wait_request
 
 _perf = time.perf_counter
-
-
-class _Entry:
-    __slots__ = ("key", "sig", "bit", "mask", "last", "fuse")
-
-    def __init__(self, key: Any, sig: Signature, bit: int, last: int) -> None:
-        self.key = key
-        self.sig = sig
-        self.bit = bit
-        self.mask = 1 << bit
-        self.last = last          # LRU tick: the negotiation count, identical on every member
-        self.fuse = fuse_key(sig)
-
-
-_fuse_keys: dict[tuple, tuple] = {}
-
-
-def fuse_key(sig: Signature) -> Any:
-    """Allreduces with the same key (dtype, op, scaling, memory) can share one fusion buffer.
-
-    Keys are interned, so the engine compares them with ``is``.
-    """
-    if sig.kind != K.ALLREDUCE:
-        return None
-    key = (sig.elem, sig.op, sig.prescale, sig.postscale, sig.device)
-    return _fuse_keys.setdefault(key, key)
-
-
 _bit_of = operator.attrgetter("entry.bit")
 
 
-def _last_of(e: _Entry) -> int:
-    return e.last
+class JoinState:
+    """This rank's pending ``join()``: its handle until every member has joined, and whether it arrived since
+    the last negotiation (the rank that joins last is agreed from that)."""
+
+    __slots__ = ("handle", "fresh")
+
+    def __init__(self) -> None:
+        self.handle: Handle | None = None
+        self.fresh = False
+
+    def arrive(self, h: Handle) -> bool:
+        """Take ``h``; False when a join is already pending."""
+        if self.handle is not None:
+            return False
+        self.handle = h
+        self.fresh = True
+        return True
+
+    def take_fresh(self) -> bool:
+        fresh, self.fresh = self.fresh, False
+        return fresh
+
+    def take(self) -> Handle | None:
+        """The pending join's handle, which is no longer pending."""
+        h, self.handle = self.handle, None
+        return h
 
 
 class Negotiation:
-    """One cycle of agreement, the full round, the response cache and joined ranks' stand-ins (a lane's part;
-    the attributes it uses are the lane's, see engine.Lane.__init__)."""
+    """One cycle of agreement, the full round, and joined ranks' stand-ins, for the members of ``comm``.
+
+    Hooks into the lane: ``inbox`` (the lane's queue, taken from in cycles), ``run(ready)`` (execute agreed
+    requests), ``finish(h, error)`` (a request failed here), ``caller_waits()`` (a caller blocks on this lane)
+    and ``aborted()`` (the lane's abort error, or None).
+    """
+
+    def __init__(self, comm: MPI.Comm, set_id: int, ranks: list[int], cache_capacity: int,
+                 inbox: collections.deque[Handle], run: Callable[[list[Handle]], None],
+                 finish: Callable[[Handle, BaseException | None], None], caller_waits: Callable[[], bool],
+                 aborted: Callable[[], BaseException | None]) -> None:
+        self.comm = comm
+        self.set_id = set_id
+        self.ranks = ranks                       # global ranks of the members, in set-rank order
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.cache = ResponseCache(cache_capacity, FIRST_BIT)
+        self.join = JoinState()
+        self.waiting: dict[str, Handle] = {}     # taken from the inbox, not yet ready everywhere
+        self.cycles = 0                          # negotiations started (the same sequence on every member)
+        self.agreed = 0                          # negotiations completed
+        self.request: MPI.Request | None = None  # the negotiation collective while it is in flight
+        # (agreed, error) once a member has left cleanly: negotiations past its count can never complete
+        self.left: tuple[int, BaseException] | None = None
+        self._inbox = inbox
+        self._run = run
+        self._finish = finish
+        self._caller_waits = caller_waits
+        self._aborted = aborted
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.join.handle is not None
+
+    def pending(self) -> list[Handle]:
+        """The requests taken and not yet ready, the pending join included."""
+        items = list(self.waiting.values())
+        if self.join.handle is not None:
+            items.append(self.join.handle)
+        return items
+
+    def drain(self) -> list[Handle]:
+        """Forget every pending request and return them (the lane fails them)."""
+        items = self.pending()
+        self.waiting.clear()
+        self.join.take()
+        return items
+
+    def peer_left(self, agreed: int, exc: BaseException) -> None:
+        """A member left after ``agreed`` negotiations: any later one fails with ``exc``."""
+        if self.left is None or agreed < self.left[0]:
+            self.left = (agreed, exc)
+
+    def check_left(self) -> None:
+        left = self.left
+        if left is not None and self.cycles > left[0]:
+            raise left[1]
+
+    # ------------------------------------------------------------------------ the idle-lane fast path
+    def solo(self, h: Handle) -> bool:
+        """Negotiate ``h`` on a lane with nothing else pending. True: ``h`` alone is agreed and the caller runs
+        it now (every blocking call of a training loop: one cached request, one tiny negotiation). False: it
+        waits among the pending requests (new, a join, or the others wanted more, which ran); the caller
+        cycles until it is done. Kept in step with cycle() and _process()."""
+        if h.kind == _JOIN:
+            self.join.arrive(h)
+            return False
+        if h.unnamed:
+            h.key = ("#", h.sig, 0)
+        e = self.cache.get(h.key)
+        if e is None or e.sig != h.sig:
+            self.waiting[h.name] = h
+            return False
+        h.entry = e
+        mask = e.mask
+        self.cycles += 1
+        if self.left is not None:
+            self.check_left()
+        g = self._exchange(NOT_JOINED | (self.cache.all_bits & ~mask))
+        if g & (NEED_FULL | SOME_JOINED) or g & mask:
+            self.waiting[h.name] = h
+            self._process(g, False, False, mask)      # the others want more than this request
+            return False
+        e.last = self.cycles
+        return True
 
     # ---------------------------------------------------------------------------------- one cycle
-    def _cycle(self) -> None:
-        queue = self._queue
-        waiting = self._waiting
-        cache = self._cache
-        now = _perf()
+    def cycle(self, now: float) -> None:
+        """One negotiation: take the inbox, agree with the members, run what is ready everywhere."""
+        queue = self._inbox
+        waiting = self.waiting
+        cache = self.cache
         old = now - FULL_ROUND_AFTER_SECONDS
         need_full = False
         mine = 0                                 # bits of my cached requests
-        counts: Optional[dict] = None
+        counts: dict | None = None
         # Requests carried over from earlier cycles are classified again: the cache may have changed.
         carried = list(waiting.values()) if waiting else ()
         # Take the new requests and classify them in the same pass (the usual case: nothing carried over).
@@ -99,11 +180,8 @@ class Negotiation:
             if not h.t_submit:
                 h.t_submit = now
             if h.kind == _JOIN:
-                if self._join is not None:
+                if not self.join.arrive(h):
                     self._finish(h, HpcvodInputError("join() called while this rank's join is pending"))
-                else:
-                    self._join = h
-                    self._join_new = True
                 continue
             name = h.name
             if name in waiting:
@@ -145,26 +223,23 @@ class Negotiation:
                     need_full = True
                 if h.t_submit < old:
                     need_full = True
-        tl = self.timeline
-        if tl is not None:
-            tl.cycle_mark(now)
-        joined = self._join is not None
-        word = SOME_JOINED if joined else NOT_JOINED | (self._all_bits & ~mine)
+        joined = self.join.handle is not None
+        word = SOME_JOINED if joined else NOT_JOINED | (cache.all_bits & ~mine)
         if need_full:
             word |= NEED_FULL
-        fresh_join = self._join_new
-        self._join_new = False
+        fresh_join = self.join.take_fresh()
         self.cycles += 1
-        if self._left is not None:
-            self._check_left()
+        if self.left is not None:
+            self.check_left()
         self._process(self._exchange(word), joined, fresh_join, mine)
 
     def _exchange(self, word: int) -> int:
         """The negotiation collective: OR of every member's word."""
-        buf = bytearray(word.to_bytes(self._nbytes, "little"))
-        req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+        buf = bytearray(word.to_bytes(self.cache.nbytes, "little"))
+        req = self.request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
         if not req.Test():
-            self._wait_request(req)
+            self.wait_request(req)
+        self.request = None
         self.agreed = self.cycles
         return int.from_bytes(buf, "little")
 
@@ -174,7 +249,7 @@ class Negotiation:
         ``mine``: the bits of this rank's cached requests in this negotiation.
         """
         t_agreed = _perf()
-        waiting = self._waiting
+        waiting = self.waiting
         everything = False                       # every waiting request of mine is ready
         if g & SOME_JOINED or joined:
             if not g & NOT_JOINED:
@@ -182,10 +257,10 @@ class Negotiation:
                 return
             ready = []
             by_key = {h.key: h for h in waiting.values() if h.entry is not None}
-            free = ~g & self._all_bits
+            free = ~g & self.cache.all_bits
             while free:
                 low = free & -free
-                entry = self._by_bit[low.bit_length() - 1]
+                entry = self.cache.at_bit(low.bit_length() - 1)
                 h = by_key.get(entry.key)
                 if h is None or h.entry is not entry:
                     h = self._dummy(entry.key, entry.sig)
@@ -204,7 +279,7 @@ class Negotiation:
             if len(ready) > 1:
                 ready.sort(key=_bit_of)          # the same order on every member (cheap: usually sorted)
         if ready:
-            if len(self._cache) * 2 >= self.cache_capacity:
+            if self.cache.near_full():
                 # LRU recency matters only once eviction can come near (same cache size on every member)
                 tick = self.cycles
                 for h in ready:
@@ -223,27 +298,22 @@ class Negotiation:
             return
         for h in ready:
             h.t_ready = t_agreed
-        tl = self.timeline
-        if tl is not None:
-            tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready), t_agreed)
-        self._inflight = ready
-        self._execute(ready, tl)
-        self._inflight = []
+        self._run(ready)
 
     def _full_round(self, joined: bool) -> list[Handle]:
         """Exchange every rank's pending list and derive the same responses on every member."""
-        waiting = self._waiting
+        waiting = self.waiting
         items = [(h.name, h.key if h.unnamed else None, h.entry.bit if h.entry is not None else h.sig)
                  for h in waiting.values()]
         everyone = self.comm.allgather((joined, items, self._stuck()))
-        by_bit = self._by_bit
+        cache = self.cache
         seen: dict[str, dict[int, tuple]] = {}
         keys: dict[str, Any] = {}
         order: list[str] = []
         active = [r for r, (j, _, _) in enumerate(everyone) if not j]
         for r, (_, its, _) in enumerate(everyone):
             for name, key, s in its:
-                sig = by_bit[s].sig if isinstance(s, int) else s
+                sig = cache.at_bit(s).sig if isinstance(s, int) else s
                 d = seen.get(name)
                 if d is None:
                     seen[name] = d = {}
@@ -260,14 +330,14 @@ class Negotiation:
             key = keys[name]
             if len(sigs) == 1:
                 sig = next(iter(sigs))
-                entry = self._cache_put(key, sig)
+                entry = cache.put(key, sig, self.cycles)
                 if mine is None:
                     mine = self._dummy(key, sig)
                     mine.name = name
                 mine.entry = entry
                 out.append(mine)
             else:
-                self._cache_drop(key)
+                cache.drop(key)
                 detail = "; ".join(f"rank {self.ranks[r]}: {describe_sig(s)}" for r, s in sorted(d.items()))
                 err = HpcvodMismatchError(
                     f"collective {name!r} differs across ranks (process set {self.set_id}): {detail}")
@@ -279,9 +349,9 @@ class Negotiation:
 
     def _stuck(self) -> bool:
         """This rank can submit nothing more: a caller waits on a collective, nothing new came for a while."""
-        if self._queue or not (self._for_caller or self._nwaiters) or not self._waiting:
+        if self._inbox or not self.waiting or not self._caller_waits():
             return False
-        newest = max(h.t_submit for h in self._waiting.values())
+        newest = max(h.t_submit for h in self.waiting.values())
         return _perf() - newest > DEADLOCK_AFTER_SECONDS
 
     def _fail_deadlock(self, everyone: list) -> None:
@@ -293,9 +363,9 @@ class Negotiation:
         err = HpcvodMismatchError(
             f"ranks are out of step in process set {self.set_id}: every rank waits for collectives that no other "
             f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")
-        for h in list(self._waiting.values()):
+        for h in list(self.waiting.values()):
             self._finish(h, err)
-        self._waiting.clear()
+        self.waiting.clear()
 
     def _refuse_after_join(self, ready: list[Handle]) -> list[Handle]:
         """While a rank has joined, only allreduces (and barriers) can run: a joined rank can add neutral
@@ -317,47 +387,32 @@ class Negotiation:
         mine = np.array([self.ranks[self.rank] if fresh else -1], np.int64)
         last = np.empty(1, np.int64)
         self.comm.Allreduce([mine, MPI.INT64_T], [last, MPI.INT64_T], MPI.MAX)
-        h, self._join = self._join, None
+        h = self.join.take()
         if h is not None:
             h.result = int(last[0])
-            h.done = True
-            self._notify()
+            self._finish(h, None)
 
-    # ------------------------------------------------------------------------------ response cache
-    def _cache_put(self, key: Any, sig: Signature) -> Optional[_Entry]:
-        if not self.cache_capacity:
-            return None
-        cache = self._cache
-        e = cache.get(key)
-        if e is not None:
-            e.sig = sig
-            e.fuse = fuse_key(sig)
-            e.last = self.cycles
-            return e
-        if self._free_bits:
-            bit = self._free_bits.pop()
-        elif len(cache) < self.cache_capacity:
-            bit = self._next_bit
-            self._next_bit += 1
-            self._nbytes = (self._next_bit + 63) // 64 * 8
-        else:
-            oldest = min(cache.values(), key=_last_of)   # rare: only when the cache is full
-            del cache[oldest.key]
-            del self._by_bit[oldest.bit]
-            bit = oldest.bit
-        e = _Entry(key, sig, bit, self.cycles)
-        cache[key] = e
-        self._by_bit[bit] = e
-        self._all_bits |= e.mask
-        return e
+    def wait_request(self, req: MPI.Request) -> None:
+        """Poll ``req``: spin (like MPI itself) for SPIN_SECONDS, then sleep with a growing (<= 1 ms) back-off.
 
-    def _cache_drop(self, key: Any) -> None:
-        e = self._cache.pop(key, None)
-        if e is not None:
-            del self._by_bit[e.bit]
-            self._all_bits &= ~(1 << e.bit)
-            self._free_bits.append(e.bit)
-            self._free_bits.sort(reverse=True)
+        Peers routinely arrive a few hundred microseconds apart (a large reduction ends earlier on one rank
+        than on the other), so the spin must cover that; a peer that is still computing costs a sleeping
+        poll, not a core.
+        """
+        test = req.Test
+        if test():
+            return
+        t0 = _perf()
+        while not test():
+            waited = _perf() - t0
+            if waited < SPIN_SECONDS:
+                continue
+            aborted = self._aborted()
+            if aborted is not None:
+                raise aborted
+            if self.left is not None:
+                self.check_left()
+            time.sleep(min(0.001, waited * 0.05))
 
     # ----------------------------------------------------------------------------------- execution
     def _dummy(self, key: Any, sig: Signature) -> Handle:
@@ -377,7 +432,6 @@ class Negotiation:
         h = Handle(str(key), kind, sig, tensor, None)
         h.key = key
         h.dummy = True
-        h.lane = self
         if sig.device and tensor is not None:
             # not through _devices(): making it is collective, and the others make it later, in _execute
             from .gpu import probe

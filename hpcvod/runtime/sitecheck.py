@@ -223,7 +223,7 @@ def _device_allreduce(hvd: Any, comm: Any, max_bytes: int, links: dict[str, Any]
         return {"device_buffers": False, "why": problem}
     links["allreduce_device"] = _allreduce(hvd, comm, max_bytes, cupy)
     links["buffers"] = "host and device"
-    ops = hvd.global_process_set._lane._device_ops
+    ops = hvd.global_process_set._lane.executors.device_ops
     return {"device_buffers": True, "backend": ops.backend if ops is not None else "?",
             "why": ops.why_not_nccl if ops is not None else ""}
 

@@ -23,7 +23,7 @@ sys.stdout.write("PROBE " + json.dumps({
     "allreduce": np.asarray(summed).tolist(),
     "big_ok": bool(np.array_equal(big, np.arange(1001) * ranks_sum)),
     "grouped_ok": bool((fused[0] == hvd.size()).all() and (fused[1] == 1.0).all()),
-    "hierarchical": bool(hvd.global_process_set._lane._host._hierarchical),   # the engine used the node split
+    "hierarchical": bool(hvd.global_process_set._lane.executors.hierarchical),   # the engine used the node split
 }) + "\n")
 sys.stdout.flush()
 hvd.shutdown()

@@ -198,6 +198,6 @@ if "--torch" in sys.argv:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
     gathered = hvd.allgather(flat[None, :], name="torch.params")
     same("torch params identical on every rank", gathered - gathered[0], np.zeros_like(gathered))
-backend = lane._device_ops.backend if lane._device_ops is not None else "none"
+backend = lane.executors.device_ops.backend if lane.executors.device_ops is not None else "none"
 print(f"GPU OK {backend} {checks} checks rank {rank}", flush=True)
 hvd.shutdown()
