@@ -150,7 +150,7 @@ def site_figures(report: dict[str, Any]) -> dict[str, Any]:
     """The figures of a ``sites check`` report by file name: bandwidth and time per operation against message
     size (log axes, one line per path, the model dashed) and the scaling projection; {} without measured links."""
     lines = link_lines(report)
-    if not lines:
+    if not report.get("links") or not lines:
         return {}
     figures = {}
     for name, column, scale, ylabel in (

@@ -2,8 +2,9 @@
 
 The job is an ordinary hpcvod job (the profile's own template, launcher line, modules and setup) whose program
 is ``sitecheck_worker.py``: every rank runs ``hpcvod.runtime.sitecheck.probe`` and writes its record as JSON.
-This module turns the records into checks (pass / warn / fail, each with its evidence), a bandwidth plot,
-``report.json`` and ``report.md`` in the job folder, and compares the links with the previous report of the same site.
+This module turns the records into checks (pass / warn / fail, each with its evidence), ``report.json``,
+``report.md`` and ``report.html`` in the job folder with the plots of hpcvod/jobs/plots.py, and compares the links
+with the previous report of the same site.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from hpcvod.jobs.png import write_plot
+from hpcvod.jobs.plots import BANDWIDTH, LATENCY, PROJECTION, TITLES, draw_site_plots, report_html
 from hpcvod.jobs.scaling import (model_check, model_gradient_mib, parse_model_mib, projection, render_model_check,
                                  render_projection)
 from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # the submission machinery loads only when a check runs
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 JOB_NAME = "sites-check"
-REPORT_JSON, REPORT_MD, PLOT = "report.json", "report.md", "bandwidth.png"
+REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a warn
 DECLARED_WARN = 0.5          # inter-node bandwidth under half the profile's link_gbps is a warn
 WORKER = Path(__file__).resolve().parent / "sitecheck_worker.py"
@@ -609,30 +610,38 @@ def render_markdown(report: dict[str, Any]) -> str:
     checks = [Check(**c) for c in report["checks"]]
     rows = ["| check | status | evidence |", "|---|---|---|"]
     rows += [f"| {c.name} | {c.status.upper()} | {' '.join(c.evidence.split()).replace('|', '/')} |" for c in checks]
-    legend = report.get("plot_legend") or {}
-    plot = (f"\n\n![bandwidth]({PLOT}) (x: message size, log scale; y: Gbit/s from 0; "
-            + ", ".join(f"{colour}: {name}" for name, colour in legend.items()) + ")") if legend else ""
+    plots = report.get("plots") or []
+
+    def pictures(*names: str) -> str:
+        return "".join(f"\n\n![{TITLES[name]}]({name})" for name in names if name in plots)
+    missing = (f"\n\nNo plots: {report['plots_note']}; the tables carry the same figures."
+               if report.get("plots_note") else "")
     return (f"# sites check: {report['site']}\n\nJob {report['job_id']} ({report['state']}), "
             f"{report['request']['nodes']} node(s) x {report['request']['tasks_per_node']} rank(s), finished "
             f"{report['finished']}: **{'FAIL' if report['exit_status'] else 'PASS'}**\n\n" + "\n".join(rows)
-            + "\n\n" + render_links(report.get("links")) + plot + "\n\n"
+            + "\n\n" + render_links(report.get("links")) + pictures(BANDWIDTH, LATENCY) + missing + "\n\n"
             + render_projection(report.get("projection") or [], report["request"].get("step_ms", Request.step_ms),
-                                report["request"].get("overlap", 0.0))
+                                report["request"].get("overlap", 0.0)) + pictures(PROJECTION)
             + "\n\n" + render_model_check(report.get("model_check")) + "\n")
 
 
-def plot_series(links: Optional[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    if not links:
-        return {}
-    series = {"allreduce bus bandwidth": [(p["bytes"], p["bus_gbps"]) for p in links["allreduce"]]}
-    if links.get("allreduce_device"):
-        series["allreduce bus bandwidth, device buffers"] = [(p["bytes"], p["bus_gbps"])
-                                                             for p in links["allreduce_device"]]
-    for path in ("intra_node", "inter_node"):
-        if links.get(path):
-            series[f"{path.replace('_', '-')} point-to-point"] = [(p["bytes"], p["gbps"])
-                                                                   for p in links[path]["points"]]
-    return series
+def write_reports(job_dir: Path, report: dict[str, Any]) -> None:
+    """report.json, report.md and report.html (the plots inside it) into the job folder, with the plots as PNG
+    files where there are links to plot and matplotlib to draw them (else report["plots_note"] says why not)."""
+    images: dict[str, bytes] = {}
+    if report.get("links"):
+        drawn = draw_site_plots(report)
+        if isinstance(drawn, str):
+            report["plots_note"] = drawn
+        else:
+            images = drawn
+    for name, data in images.items():
+        (job_dir / name).write_bytes(data)
+    report["plots"] = list(images)
+    (job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    markdown = render_markdown(report)
+    (job_dir / REPORT_MD).write_text(markdown)
+    (job_dir / REPORT_HTML).write_text(report_html(markdown, images))
 
 
 def _refused_report(site: Site, request: Request, check: Check) -> dict[str, Any]:
@@ -645,7 +654,8 @@ def _refused_report(site: Site, request: Request, check: Check) -> dict[str, Any
 
 
 def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
-    """Submit, wait, judge; write report.json/report.md/bandwidth.png into the job folder; return the report."""
+    """Submit, wait, judge; write the reports and plots into the job folder (``write_reports``); return the
+    report."""
     try:
         job_dir, job_id, records, state, tail = _run_job(site, request, root)
     except _Refused as err:  # the job's Python loads another MPI: this check's finding, not a usage error
@@ -653,15 +663,14 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
     except _TimedOut as err:
         report = _refused_report(site, request, Check("job.time", FAIL, str(err)))
         report.update(job_dir=str(err.job_dir), job_id=err.job_id, state="CANCELLED")
-        (err.job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
-        (err.job_dir / REPORT_MD).write_text(render_markdown(report))
+        write_reports(err.job_dir, report)
         return report
     return judge(site, request, root, job_dir, job_id, records, state, tail)
 
 
 def judge(site: Site, request: Request, root: Path, job_dir: Path, job_id: str, records: list[Optional[dict]],
           state: str, tail: str) -> dict[str, Any]:
-    """The checks from the ranks' records, the projection and the plot; report.json/report.md written into the
+    """The checks from the ranks' records, the projection and the plots; the reports written into the
     job folder (whatever ran the job: a scheduler, or a test running its script body as PBS would)."""
     links = next((r.get("links") for r in records if r and r.get("links")), None)
     if links is None and (job_dir / LINKS_FILE).exists():
@@ -679,12 +688,7 @@ def judge(site: Site, request: Request, root: Path, job_dir: Path, job_id: str, 
                                  request.max_nodes, request.step_ms, request.overlap) if links else [],
         "model_check": model_check(figures, links.get("allreduce") or [], request.nodes,
                                    request.tasks_per_node) if links else None}
-    series = plot_series(links)
-    if series:
-        report["plot_legend"] = write_plot(job_dir / PLOT, series)
-        report["plot"] = str(job_dir / PLOT)
-    (job_dir / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
-    (job_dir / REPORT_MD).write_text(render_markdown(report))
+    write_reports(job_dir, report)
     return report
 
 
@@ -731,7 +735,10 @@ def check_command(args: Any) -> int:
             print("\n" + render_projection(report["projection"], request.step_ms, request.overlap))
         if report.get("model_check"):
             print("\n" + render_model_check(report["model_check"]))
-        where = f"report in {Path(report['job_dir']) / REPORT_MD}" if report["job_dir"] else "no job submitted"
-        print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: {where}"
-              + (f" (plot {report['plot']})" if report.get("plot") else ""))
+        if report.get("plots_note"):
+            print(f"\nno plots: {report['plots_note']}")
+        where = (f"report in {Path(report['job_dir']) / REPORT_MD} and {REPORT_HTML} beside it"
+                 + (f" (plots: {', '.join(report['plots'])})" if report.get("plots") else "")
+                 if report["job_dir"] else "no job submitted")
+        print(f"\n{'FAIL' if report['exit_status'] else 'PASS'}: {where}")
     return int(report["exit_status"])

@@ -415,6 +415,9 @@ def summary_command(args: Any) -> int:
         folder = Path(args.output).parent
         if not folder.is_dir():
             raise UserError(f"timeline summary: -o {args.output}: no folder {folder} to write it in")
+        if os.path.lexists(args.output) and not stat.S_ISREG(os.lstat(args.output).st_mode):
+            raise UserError(f"timeline summary: -o {args.output}: exists and is not a regular file (a link, FIFO or "
+                            f"folder is not written through)")
     summary = summarise(args.files, args.stall_ms * 1e3, int(args.max_mib * 2**20))
     for note in summary.notes:
         print(f"hpcvod: note: {note}", file=sys.stderr)

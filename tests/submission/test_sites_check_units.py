@@ -1,4 +1,4 @@
-"""`hpcvod sites check` pieces that need no cluster: the PNG writer (read back by an independent decoder), the
+"""`hpcvod sites check` pieces that need no cluster: the PNG reader the plot tests share, the
 checks' judgement of rank records, report rendering, the comparison with a previous report, interconnect.link_gbps.
 The acceptance job itself runs in tests/cluster/test_sites_check.py and in the local test at the end."""
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.jobs import scaling, sitecheck
-from hpcvod.jobs.png import COLOURS, line_plot
+from hpcvod.jobs import plots, scaling, sitecheck
 from hpcvod.schedulers import profile_options
 from hpcvod.sites import UserError, load_site
 from hpcvod.sites.profile import Interconnect
@@ -21,9 +20,9 @@ from hpcvod.sites.spec import field_docs, from_data, json_schema
 from submission_helpers import clean_env, hpcvod as hpcvod_cli
 
 
-def decode_png(data: bytes) -> tuple[int, int, list[list[tuple[int, int, int]]]]:
-    """An 8-bit RGB PNG read back: every chunk's CRC checked, IDAT inflated, filter type 0 rows (all the writer
-    emits) turned into pixels. Written from the PNG specification, not from the writer."""
+def decode_png(data: bytes) -> tuple[int, int, list[list[tuple[int, ...]]]]:
+    """An 8-bit RGB or RGBA PNG read back: every chunk's CRC checked, IDAT inflated, each row's filter (none, sub,
+    up, average, Paeth) undone into pixels. Written from the PNG specification, not from the writer."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "PNG signature"
     pos, chunks = 8, []
     while pos < len(data):
@@ -35,34 +34,57 @@ def decode_png(data: bytes) -> tuple[int, int, list[list[tuple[int, int, int]]]]
         pos += 12 + length
     assert [k for k, _ in chunks][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
     width, height, depth, colour_type, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, colour_type, interlace) == (8, 2, 0)
+    assert depth == 8 and colour_type in (2, 6) and interlace == 0
+    channels = 3 if colour_type == 2 else 4
+    stride = channels * width
     raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    assert len(raw) == height * (1 + 3 * width)
-    rows = []
+    assert len(raw) == height * (1 + stride)
+    rows, above = [], bytearray(stride)
     for y in range(height):
-        line = raw[y * (1 + 3 * width):(y + 1) * (1 + 3 * width)]
-        assert line[0] == 0
-        rows.append([tuple(line[1 + 3 * x:4 + 3 * x]) for x in range(width)])
+        kind, line = raw[y * (1 + stride)], bytearray(raw[y * (1 + stride) + 1:(y + 1) * (1 + stride)])
+        assert kind <= 4, f"filter type {kind}"
+        for x in range(stride):
+            a = line[x - channels] if x >= channels else 0
+            b, c = above[x], above[x - channels] if x >= channels else 0
+            if kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                predictor = a if pa <= pb and pa <= pc else b if pb <= pc else c
+            else:
+                predictor = (0, a, b, (a + b) // 2, 0)[kind]
+            line[x] = (line[x] + predictor) & 0xFF
+        rows.append([tuple(line[x:x + channels]) for x in range(0, stride, channels)])
+        above = line
     return width, height, rows
 
 
-def test_plot_is_a_valid_png_with_each_line_in_its_colour() -> None:
-    series = {"allreduce": [(4096, 0.1), (65536, 1.0), (1 << 20, 3.0)], "p2p": [(65536, 2.0), (1 << 20, 0.5)]}
-    data, legend = line_plot(series, width=200, height=120, margin=10)
-    width, height, rows = decode_png(data)
-    assert (width, height) == (200, 120)
-    assert legend == {"allreduce": COLOURS[0][0], "p2p": COLOURS[1][0]}
-    seen = {px for row in rows for px in row}
-    assert COLOURS[0][1] in seen and COLOURS[1][1] in seen
-    # the top of the y axis is the largest value: allreduce's last point touches the top margin row
-    assert COLOURS[0][1] in rows[10][-15:]
+def test_png_decoder_reads_every_filter_and_catches_damage() -> None:
+    """The decoder against PNGs built here byte by byte: one row per filter type of known pixels."""
+    pixels = [[(10 * x + y, 200 - x, 7 * y, 255) for x in range(5)] for y in range(5)]
+    raw = bytearray()
+    above = bytearray(20)
+    for kind, row in enumerate(pixels):
+        line = bytearray(v for px in row for v in px)
+        filtered = bytearray()
+        for x in range(20):
+            a, b = line[x - 4] if x >= 4 else 0, above[x]
+            c = above[x - 4] if x >= 4 else 0
+            p = a + b - c
+            paeth = a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c) else b if abs(p - b) <= abs(p - c) else c
+            filtered.append((line[x] - (0, a, b, (a + b) // 2, paeth)[kind]) & 0xFF)
+        raw += bytes([kind]) + filtered
+        above = line
 
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
-def test_a_damaged_png_is_caught_by_the_decoder() -> None:
-    data = bytearray(line_plot({"a": [(1, 1.0), (4, 2.0)]}, width=20, height=20, margin=2)[0])
-    data[40] ^= 0xFF
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 5, 5, 8, 6, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b""))
+    assert decode_png(png) == (5, 5, pixels)
+    damaged = bytearray(png)
+    damaged[40] ^= 0xFF
     with pytest.raises(AssertionError, match="CRC"):
-        decode_png(bytes(data))
+        decode_png(bytes(damaged))
 
 
 def record(launcher: int, host: str, size: int = 4, **extra) -> dict:
@@ -163,10 +185,12 @@ def test_report_renders_as_table_and_markdown() -> None:
     assert sitecheck.exit_status(checks) == 1 and sitecheck.exit_status(checks[:1]) == 0
     report = {"site": "s", "job_id": "7", "state": "COMPLETED", "finished": "now", "exit_status": 1,
               "request": {"nodes": 2, "tasks_per_node": 2}, "checks": [c.__dict__ for c in checks],
-              "links": LINKS, "plot_legend": {"allreduce bus bandwidth": "blue"}}
+              "links": LINKS, "plots": ["bandwidth.png", "latency.png"]}
     md = sitecheck.render_markdown(report)
     assert "| env.setup | FAIL | no rank started line 28: x / y |" in md
-    assert "| 64 KiB | 1.000 |" in md and "blue: allreduce bus bandwidth" in md and "**FAIL**" in md
+    assert "| 64 KiB | 1.000 |" in md and "**FAIL**" in md
+    assert "![bandwidth against message size](bandwidth.png)" in md
+    assert "![time per operation against message size](latency.png)" in md and "No plots" not in md
 
 
 @pytest.mark.parametrize("value, message", [
@@ -211,8 +235,15 @@ def test_local_site_check_passes_and_keeps_its_report(tmp_path: Path) -> None:
     assert got["world.size"] == got["world.mpi_flavour"] == got["links.allreduce"] == "pass", got
     assert got["links.inter_node"] == "skip"  # one node
     job_dir = Path(report["job_dir"])
-    assert {"report.json", "report.md", "bandwidth.png", "links.json"} <= set(os.listdir(job_dir))
-    decode_png((job_dir / "bandwidth.png").read_bytes())
+    assert {"report.json", "report.md", "report.html", "links.json"} <= set(os.listdir(job_dir))
+    if plots.matplotlib_missing():   # the tables stay; the report says why there is no picture
+        assert report["plots"] == [] and "No plots: matplotlib is not installed" in (job_dir / "report.md").read_text()
+    else:
+        assert report["plots"] == ["bandwidth.png", "latency.png"]   # one node: no projection
+        for name in report["plots"]:
+            decode_png((job_dir / name).read_bytes())
+            assert f"({name})" in (job_dir / "report.md").read_text()
+        assert (job_dir / "report.html").read_text().count('src="data:image/png;base64,') == 2
     assert [p["bytes"] for p in report["links"]["allreduce"]] == [4096 * 4 ** i for i in range(6)]  # to 4 MiB
 
 
@@ -616,7 +647,8 @@ def test_device_allreduce_is_a_check_a_table_and_a_line_of_the_plot() -> None:
                                                         links, None)}
     assert checks["links.allreduce_device"].status == "pass" and "270.00 Gbit/s" in checks["links.allreduce_device"].evidence
     assert "device buffers:" in sitecheck.render_links(links)
-    assert list(sitecheck.plot_series(links)) == ["allreduce bus bandwidth", "allreduce bus bandwidth, device buffers"]
+    assert [line.label for line in plots.link_lines({"links": links})] == ["allreduce, host buffers, 4 ranks",
+                                                                           "allreduce, device buffers, 4 ranks"]
 
 
 PROBE_ON_STAND_IN = """
