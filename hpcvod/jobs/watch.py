@@ -18,6 +18,7 @@ from hpcvod.sites.errors import UserError, one_line
 
 _NO_REASON = ("", "None", "(null)")
 _TASK_LOG = re.compile(r"output\.(\d+)\.log")  # an array task's log (schedulers.base.task_output_file)
+READ_CHUNK = 1 << 20  # bytes per read of a log
 
 
 def clock(seconds: float) -> str:
@@ -88,16 +89,45 @@ def wait_for(ref: JobRef, stream: IO[str], poll_seconds: float | None = None,
 
 
 class _RankFilter:
-    """Whole lines of one rank out of decoded text that may cut lines anywhere."""
+    """Whole lines of one rank out of decoded text that may cut lines anywhere, in time linear in the text: a
+    line is kept or dropped as soon as its label is known (the first characters of the line), so a long line
+    without a newline is never held whole, nor copied again at every read."""
 
     def __init__(self, rank: int) -> None:
-        self.rank, self.pending = str(rank), ""
+        self.rank = str(rank)
+        self.label_length = len(f"[{rank}]<stdout>:")  # what decides whether a line is rank's
+        self.head = ""  # the start of the current line while that is not decided
+        self.keep: bool | None = None  # whether the current line is rank's (None: not known yet)
+
+    def _decide(self) -> bool:
+        return bool((m := LABELLED.match(self.head)) and m.group(1) == self.rank)
 
     def __call__(self, text: str, final: bool = False) -> str:
-        lines = (self.pending + text).split("\n")
-        self.pending = "" if final else lines.pop()
-        kept = [line for line in lines if (m := LABELLED.match(line)) and m.group(1) == self.rank]
-        return "".join(line + "\n" for line in kept)
+        kept: list[str] = []
+        start = 0
+        while start < len(text):
+            end = text.find("\n", start)
+            piece = text[start:] if end < 0 else text[start:end + 1]
+            start += len(piece)
+            if self.keep is None:
+                self.head += piece  # at most a label's length plus one read: decided below
+                if end < 0 and len(self.head) < self.label_length:
+                    continue
+                self.keep = self._decide()
+                piece, self.head = self.head, ""
+            if self.keep:
+                kept.append(piece)
+            if end >= 0:
+                self.keep = None  # a new line starts
+        if final:
+            if self.keep is None and self.head:
+                self.keep = self._decide()
+                if self.keep:
+                    kept.append(self.head)
+            if self.keep:
+                kept.append("\n")  # the last line, without a newline in the log: whole in the output
+            self.head, self.keep = "", None
+        return "".join(kept)
 
 
 def log_files(ref: JobRef) -> list[tuple[int | None, Path]]:
@@ -136,7 +166,7 @@ def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, 
                     position = 0
                     decoder.reset()
                 f.seek(position)
-                while chunk := f.read(1 << 20):
+                while chunk := f.read(READ_CHUNK):
                     position += len(chunk)
                     out.write(keep(decoder.decode(chunk)))
         except FileNotFoundError:

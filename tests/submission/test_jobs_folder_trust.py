@@ -374,3 +374,57 @@ def test_a_folder_name_that_is_not_utf8_is_printed(cli, tmp_path):
     code, out, err = cli("jobs")
     assert code == 0, err
     assert "job-\\udcff\\udcfe" in out
+
+
+# ---- item 12: `logs --rank N` is linear on long lines ------------------------------------------------------
+
+RANK_LOG = ("[1]<stdout>: one é\n[11]<stdout>: eleven\n[0]<stderr>: zero\nno label\n[1]<stderr>:\n"
+            "[1]<stdout>:" + "x" * 50 + "\n[10]<stdout>: ten\n[1]<stdout>: last, no newline é")
+
+
+def _rank_lines(text: str, rank: int) -> str:
+    """What `logs --rank` must print: the whole lines whose label is rank's, each ending in a newline."""
+    from hpcvod.launchers.label import LABELLED
+
+    return "".join(line + "\n" for line in text.split("\n")
+                   if (m := LABELLED.match(line)) and m.group(1) == str(rank))
+
+
+@pytest.mark.parametrize("rank", [0, 1, 10, 11, 2])
+def test_the_rank_filter_splits_correctly_wherever_the_reads_cut(rank):
+    from hpcvod.jobs.watch import _RankFilter
+
+    want = _rank_lines(RANK_LOG, rank)
+    for cut in range(len(RANK_LOG) + 1):
+        for step in (None, 1, 3):  # one cut, or pieces of `step` characters after it
+            keep = _RankFilter(rank)
+            pieces = [RANK_LOG[:cut]] + ([RANK_LOG[cut:]] if step is None else
+                                         [RANK_LOG[i:i + step] for i in range(cut, len(RANK_LOG), step)])
+            got = "".join(keep(piece) for piece in pieces) + keep("", final=True)
+            assert got == want, (cut, step)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 4096])
+def test_logs_rank_reads_in_chunks_of_any_size(cli, tmp_path, monkeypatch, chunk):
+    """Through the real command, with reads of `chunk` bytes (a 2-byte character cut in two, labels cut)."""
+    monkeypatch.setattr("hpcvod.jobs.watch.READ_CHUNK", chunk)
+    folder = _finished_job(tmp_path)
+    long_line = "[1]<stdout>: " + "y" * 10_000  # far longer than a read, no newline
+    (folder / "output.log").write_text(RANK_LOG + "\n" + long_line, encoding="utf-8")
+    for rank in (1, 11):
+        code, out, err = cli("logs", "--rank", str(rank), str(folder))
+        assert code == 0, err
+        assert out == _rank_lines(RANK_LOG + "\n" + long_line, rank)
+
+
+def test_a_long_line_of_the_rank_is_passed_on_as_it_comes():
+    """Not held whole until its newline (which made each read copy everything before it again: quadratic)."""
+    from hpcvod.jobs.watch import _RankFilter
+
+    keep, other = _RankFilter(1), _RankFilter(2)
+    piece = "z" * 1000
+    assert keep("[1]<stdout>: ") + keep(piece) == "[1]<stdout>: " + piece
+    assert keep(piece) == piece and keep.head == ""
+    assert other("[1]<stdout>: ") + other(piece) + other(piece) == "" and other.head == ""
+    assert keep("\n[2]<stdout>: b\n", final=True) == "\n"
+    assert other("\n[2]<stdout>: b\n", final=True) == "[2]<stdout>: b\n"
