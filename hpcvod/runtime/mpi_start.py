@@ -9,6 +9,7 @@ not returned after ``HPCVOD_INIT_TIMEOUT`` seconds (0: wait for ever); it leaves
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from types import ModuleType
 from typing import Any, Callable, Optional
 
 from .config import Settings
+from .errors import HpcvodError
 from .world import hostname, launcher_rank
 
 # The watcher: stdlib only, started with -I -S so that it starts in milliseconds whatever the environment.
@@ -90,17 +92,20 @@ def disarm_abort_hook() -> None:
 def start_mpi(timeout: Optional[float] = None) -> ModuleType:
     """``mpi4py.MPI``, running MPI_Init under a deadline of ``timeout`` seconds if MPI is not started yet.
 
-    ``timeout`` defaults to ``HPCVOD_INIT_TIMEOUT``; 0 waits for ever. When it passes, the rank prints one
-    line to stderr and is terminated (SIGTERM, then SIGKILL after 5 s).
+    ``from mpi4py import MPI`` starts MPI unless the script set ``mpi4py.rc.initialize = False`` (to leave that
+    to the training library, as Horovod's tests do): then this starts it with ``MPI_Init_thread`` at
+    MPI_THREAD_MULTIPLE (the level Horovod asks for; the engine calls MPI from its own thread) and finalizes it
+    at exit, after hpcvod's own exit handling. ``timeout`` defaults to ``HPCVOD_INIT_TIMEOUT``; 0 waits for
+    ever. When it passes, the rank prints one line to stderr and is terminated (SIGTERM, then SIGKILL after 5 s).
     """
-    started = sys.modules.get("mpi4py.MPI")
-    if started is not None:
-        return started
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized():
+        if MPI.Is_finalized():
+            raise HpcvodError("hvd.init(): MPI has already been finalized in this process (MPI_Finalize was "
+                              "called) and MPI cannot be started twice; call hvd.init() before MPI.Finalize()")
+        return MPI
     if timeout is None:
         timeout = Settings.from_env().init_timeout_seconds
-    if timeout <= 0 or not sys.executable:
-        from mpi4py import MPI
-        return MPI
     rank = launcher_rank()
     watcher = deadline(timeout, (
         f"hpcvod: rank {'?' if rank is None else rank} on {hostname()}: MPI_Init has not returned after "
@@ -109,9 +114,19 @@ def start_mpi(timeout: Optional[float] = None) -> ModuleType:
         f"plugin, a rank that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever"))
     try:
         from mpi4py import MPI
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            # hpcvod's exit handler (registered later by init(), so run earlier) leaves without finalizing
+            # when the job failed; otherwise this ends MPI as mpi4py would have, had it started it
+            atexit.register(_finalize_started_mpi, MPI)
     finally:
         release(watcher)
     return MPI
+
+
+def _finalize_started_mpi(MPI: ModuleType) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def deadline(timeout: float, message: str) -> Optional[subprocess.Popen]:
