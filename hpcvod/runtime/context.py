@@ -202,29 +202,38 @@ def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequen
     local_rank, local_size = rt.local_comm.Get_rank(), rt.local_comm.Get_size()
     rt.cross_comm = rt.comm.Split(local_rank, rank)
     me = hostname()
-    everyone = rt.comm.allgather((me, local_size, settings.shared(), os.getpid()))
-    problem = settings_disagreement([shared for _, _, shared, _ in everyone])
+    timeline, cannot_open = None, ""
+    if settings.timeline:   # opened before the allgather, so that every rank hears when the writing rank cannot
+        try:
+            timeline = open_timeline(settings.timeline, rank, settings.timeline_mark_cycles)
+        except HpcvodInputError as err:
+            cannot_open = f"HPCVOD_TIMELINE={settings.timeline!r}: {err}"
+    everyone = rt.comm.allgather((me, local_size, settings.shared(), os.getpid(), cannot_open))
+    problem = (settings_disagreement([shared for _, _, shared, _, _ in everyone])
+               or next((said for *_, said in everyone if said), None))
     if problem:
+        if timeline is not None:
+            timeline.close()
         raise HpcvodConfigError(problem)
     rt.info = WorldInfo(
         rank=rank, size=size, local_rank=local_rank, local_size=local_size,
         cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
-        is_homogeneous=len({ls for _, ls, _, _ in everyone}) == 1, hostname=me,
+        is_homogeneous=len({ls for _, ls, _, _, _ in everyone}) == 1, hostname=me,
         thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
     gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
     lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
     rt.lanes[0] = lane
     global_process_set._register(0, list(range(size)), rank, lane)
     rt.sets[0] = global_process_set
-    if settings.timeline:
-        _set_timeline(rt, open_timeline(settings.timeline, rank, settings.timeline_mark_cycles))
+    if timeline is not None:
+        _set_timeline(rt, timeline)
     for ps in process_sets or ():
         _register_set(rt, ps)
     rt.watchdog = Watchdog(rank, size, settings, lambda: _pending_everywhere(rt),
                            lambda set_id: rt.sets[set_id].ranks if set_id in rt.sets else None,
                            lambda reason, kind: _abort_job(rt, reason, kind),
                            lambda who, where, agreed: _peer_left(rt, who, where, agreed))
-    warning = rt.watchdog.connect(rt.comm, [(host, pid) for host, _, _, pid in everyone])
+    warning = rt.watchdog.connect(rt.comm, [(host, pid) for host, _, _, pid, _ in everyone])
     if warning and rank == 0:
         print(warning, file=sys.stderr, flush=True)
     rt.watchdog.start()
@@ -307,7 +316,11 @@ def _peer_left(rt: Runtime, who: int, where: str, agreed: dict) -> None:
 
 
 def _abort_job(rt: Runtime, reason: str, kind: str) -> None:
-    """Called by the watchdog: fail every waiter, then exit non-zero (MPI calls may never return now)."""
+    """Called by the watchdog: fail every waiter, then exit non-zero (MPI calls may never return now).
+    Inside hvd.elastic.run a failed rank resets the world instead (runtime/elastic.py)."""
+    from .elastic import absorbs_failure
+    if kind == "failure" and absorbs_failure(rt, reason):
+        return
     with rt.lock:
         if rt.failed is not None:
             return

@@ -7,15 +7,20 @@ chrome://tracing and https://ui.perfetto.dev open; it is a complete JSON documen
 (``stop_timeline()``, ``shutdown()`` or process exit).
 
 Rank 0 writes the timeline, like Horovod; a path containing ``{rank}`` makes every rank write its own file.
+The file is created private (0600) in a folder that must exist. A timeline that cannot be written (a full disk,
+``/dev/full``) is reported in one line on stderr and stops; the job goes on: a trace is never worth a training run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any, Optional
+
+from .errors import HpcvodInputError
 
 NEGOTIATE = "NEGOTIATE"
 QUEUE = "QUEUE"
@@ -37,9 +42,10 @@ class Timeline:
         self._events: list[tuple] = []
         self._lock = threading.Lock()
         self._first = True
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        self._file = open(path, "w", encoding="utf-8")
+        self.write_error: Optional[str] = None   # why the timeline stopped being written, once it did
+        # the folder must exist (a typo in it is an error, not a new tree of folders); OSError goes to the caller
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._file: Any = os.fdopen(fd, "w", encoding="utf-8")
         self._file.write("[\n")
         self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
 
@@ -73,8 +79,24 @@ class Timeline:
     def _emit(self, event: dict[str, Any]) -> None:
         if self._file is None:
             return
-        self._file.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
+        try:
+            self._file.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
+        except OSError as err:
+            self._stop_writing(err)
         self._first = False
+
+    def _stop_writing(self, err: OSError) -> None:
+        """The file cannot be written: say so once and write no more (the job goes on)."""
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass   # the same error again, from the buffered rest
+        if self.write_error is None:
+            self.write_error = err.strerror or str(err)
+            print(f"hpcvod: rank {self.rank}: cannot write the timeline {self.path} ({self.write_error}); it stops "
+                  f"here and the file is incomplete; the job goes on", file=sys.stderr, flush=True)
 
     def flush(self) -> None:
         with self._lock:
@@ -92,21 +114,37 @@ class Timeline:
                 if args:
                     event["args"] = args
                 self._emit(event)
-            self._file.flush()
+            if self._file is not None:
+                try:
+                    self._file.flush()
+                except OSError as err:
+                    self._stop_writing(err)
 
     def close(self) -> None:
+        """Complete the JSON document; never raises (a write error is reported, see _stop_writing)."""
         self.flush()
         with self._lock:
             if self._file is not None:
-                self._file.write("\n]\n")
-                self._file.close()
+                try:
+                    self._file.write("\n]\n")
+                    self._file.close()
+                except OSError as err:
+                    self._stop_writing(err)
                 self._file = None
 
 
 def open_timeline(path: str, rank: int, mark_cycles: bool = False) -> Optional[Timeline]:
-    """The Timeline this rank should write for ``path`` (None where another rank writes it)."""
+    """The Timeline this rank should write for ``path`` (None where another rank writes it); HpcvodInputError,
+    one line, when the file cannot be created (its folder must exist: none is created)."""
     if "{rank}" in path:
-        return Timeline(path.replace("{rank}", str(rank)), rank, mark_cycles)
-    if rank != 0:
+        path = path.replace("{rank}", str(rank))
+    elif rank != 0:
         return None
-    return Timeline(path, rank, mark_cycles)
+    try:
+        return Timeline(path, rank, mark_cycles)
+    except FileNotFoundError:
+        folder = os.path.dirname(os.path.abspath(path))
+        why = f"its folder {folder} does not exist (create it first)"
+    except (OSError, ValueError) as err:   # ValueError: a NUL in the path
+        why = getattr(err, "strerror", None) or str(err)
+    raise HpcvodInputError(f"rank {rank}: cannot write the timeline {path}: {why}")

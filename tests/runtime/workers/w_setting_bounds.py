@@ -1,5 +1,5 @@
-"""A setting outside its bounds (the test sets it on every rank): hvd.init() must raise HpcvodConfigError, which
-this worker prints as one line naming its rank (exit status 3). A run that gets past init() does one
+"""A bad setting (the test sets it on every rank: a value outside its bounds, a timeline in a missing folder):
+hvd.init() must raise HpcvodConfigError, which this worker prints as one line naming its rank (exit status 3). A run that gets past init() does one
 allreduce_async and says so: that is the failure the test looks for (an infinite cycle time ends the engine's
 thread and leaves the allreduce unfinished for ever)."""
 
