@@ -46,8 +46,10 @@ ARRAY = Pattern(r"[0-9]{1,7}(-[0-9]{1,7}(:[0-9]{1,7})?)?(,[0-9]{1,7}(-[0-9]{1,7}
                 "0-9, 1,3,5, 0-15:2 or 0-15%4")
 # A value that lands in a directive is one word of it. A scheduler splits a directive line on whitespace and reads
 # every word (sbatch took 'comment=x --uid=0' as two options), so no value may hold any, of any kind (str.isspace:
-# Unicode spaces, line and paragraph separators, \x1c-\x1f), nor a control character (NUL, ESC...) or an invisible
-# format character (zero-width spaces, bidi overrides) that would end, hide or disguise the line.
+# Unicode spaces, line and paragraph separators, \x1c-\x1f), nor a control character (NUL, ESC...), an invisible
+# format character (zero-width spaces, bidi overrides) or a lone surrogate that would end, hide or disguise the
+# line. word_problem() is the check; WORD_CHAR says the same, for the common ones, in the patterns and the schema.
+_NOT_A_WORD_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cf", "Cs")
 _NOT_IN_A_WORD = rf"\s{CONTROL_CHARS}\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff"
 WORD_CHAR = f"[^{_NOT_IN_A_WORD}]"
 # one directive: KEY or KEY=VALUE; quoting is the only way to hold characters a shell would act on
@@ -138,17 +140,19 @@ def job_options(values: dict[str, Any]) -> JobOptions:
 def word_problem(text: str) -> str | None:
     """What keeps ``text`` from being one word of a directive line: its first whitespace, control or format
     character, named by code point (None: nothing)."""
-    bad = re.search(f"[{_NOT_IN_A_WORD}]", text)
-    if bad is None:
+    at, char = next(((i, c) for i, c in enumerate(text)
+                     if c.isspace() or unicodedata.category(c) in _NOT_A_WORD_CATEGORIES), (-1, ""))
+    if not char:
         return None
-    char = bad.group()
     if char.isspace():
         kind, why = "whitespace", "the scheduler would read what follows as another option"
     elif unicodedata.category(char) == "Cc":
         kind, why = "a control character", "it would end or garble the directive line"
+    elif unicodedata.category(char) == "Cs":
+        kind, why = "an undecodable byte", "it is no text a scheduler reads"
     else:
         kind, why = "an invisible format character", "it would hide part of the directive line"
-    return f"{kind} (U+{ord(char):04X}) at character {bad.start() + 1} is not allowed: {why}"
+    return f"{kind} (U+{ord(char):04X}) at character {at + 1} is not allowed: {why}"
 
 
 def check_one_word(flag_name: str, value: str) -> None:
