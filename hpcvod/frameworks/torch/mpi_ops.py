@@ -364,8 +364,8 @@ def _splits_array(splits: Any) -> np.ndarray | None:
 def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
               process_set: Any) -> tuple[torch.Tensor, torch.Tensor]:
     array, _ = _as_numpy(tensor)
-    size = set_rank_size(process_set)[1]
-    if splits is None and array.ndim and array.shape[0] % size == 0:
+    size = set_rank_size(process_set)[1]   # None for a set never registered: the runtime says so below
+    if splits is None and size and array.ndim and array.shape[0] % size == 0:
         # Equal splits, spelled out: the runtime then reports what each rank sent here (the ranks' first
         # dimensions may differ), which the backward pass sends back. (Indivisible: the runtime refuses.)
         splits = [array.shape[0] // size] * size
