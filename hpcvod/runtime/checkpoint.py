@@ -41,11 +41,14 @@ import signal
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from types import FrameType
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
+
+from hpcvod.safe_read import Refused, json_kind, load_json, open_regular
 
 from .errors import HpcvodConfigError, HpcvodInputError
 
@@ -158,22 +161,77 @@ def write_archive(path: Path, state: Mapping[str, Any], step: int) -> None:
         os.close(dir_fd)
 
 
+class CheckpointUnreadable(HpcvodInputError):
+    """A checkpoint file that cannot be restored: truncated, not a checkpoint, or with metadata that is not what
+    write_archive writes. ``reason`` says why, without the path."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+_META_DEPTH = 8   # {"entries": [{"path": [...], "value": scalar}]}: 3 levels; a little room, never thousands
+
+
 def read_archive(path: Path) -> tuple[State, int]:
-    """(state, step) from a checkpoint file written by write_archive."""
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(str(npz[_META_KEY][()]))
-        if meta.get("format") != FORMAT_VERSION:
-            raise HpcvodInputError(f"{path}: checkpoint format {meta.get('format')!r}, expected {FORMAT_VERSION}")
-        flat: dict[tuple[str, ...], Any] = {}
-        for entry in meta["entries"]:
-            key_path = tuple(entry["path"])
-            if "array" in entry:
-                flat[key_path] = npz[entry["array"]]
-            elif "float" in entry:
-                flat[key_path] = float(entry["float"])
-            else:
-                flat[key_path] = entry["value"]
-    return _unflatten(flat), int(meta["step"])
+    """(state, step) from a checkpoint file written by write_archive; CheckpointUnreadable for anything else (a
+    truncated zip, a FIFO, metadata of another shape, JSON nested thousands deep, a key stored twice)."""
+    try:
+        with open_regular(path) as f, np.load(f, allow_pickle=False) as npz:
+            if _META_KEY not in npz.files:
+                raise Refused("no hpcvod metadata in it (not a checkpoint written by hpcvod)")
+            meta = load_json(str(npz[_META_KEY][()]), _META_DEPTH)
+            step, entries = _meta_fields(meta)
+            flat: dict[tuple[str, ...], Any] = {}
+            for i, entry in enumerate(entries):
+                key_path, value = _entry(entry, i, npz.files)
+                if key_path in flat:
+                    raise Refused(f"metadata entry {i}: {_where(key_path)} stored twice")
+                flat[key_path] = npz[value] if "array" in entry else value
+            clash = {p[:k] for p in flat for k in range(1, len(p))} & flat.keys()
+            if clash:
+                raise Refused(f"metadata stores {_where(min(clash))} both as a value and as a dict")
+            return _unflatten(flat), step
+    except FileNotFoundError:
+        raise CheckpointUnreadable(path, "it no longer exists") from None
+    except Refused as err:
+        raise CheckpointUnreadable(path, str(err)) from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:   # a damaged zip or member
+        raise CheckpointUnreadable(path, f"damaged ({type(err).__name__}: {err})") from None
+
+
+def _meta_fields(meta: Any) -> tuple[int, list]:
+    if not isinstance(meta, dict):
+        raise Refused(f"metadata is a JSON {json_kind(meta)}, expected an object")
+    if meta.get("format") != FORMAT_VERSION:
+        raise Refused(f"checkpoint format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+    step, entries = meta.get("step"), meta.get("entries")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise Refused(f"metadata step {step!r}, expected a whole number >= 0")
+    if not isinstance(entries, list):
+        raise Refused(f"metadata entries: a JSON {json_kind(entries)}, expected a list")
+    return step, entries
+
+
+def _entry(entry: Any, i: int, members: list[str]) -> tuple[tuple[str, ...], Any]:
+    """One metadata entry as (key path, value), the value being the member's name for an array."""
+    key_path = entry.get("path") if isinstance(entry, dict) else None
+    if not isinstance(key_path, list) or not key_path or not all(isinstance(k, str) for k in key_path):
+        raise Refused(f"metadata entry {i}: expected an object with a non-empty list of key names under 'path'")
+    kinds = [kind for kind in ("array", "float", "value") if kind in entry]
+    if len(kinds) != 1:
+        raise Refused(f"metadata entry {i} {_where(key_path)}: expected exactly one of array, float, value")
+    value = entry[kinds[0]]
+    if kinds[0] == "array" and (not isinstance(value, str) or value == _META_KEY or value not in members):
+        raise Refused(f"metadata entry {i} {_where(key_path)}: array {value!r} is not in the archive")
+    if kinds[0] == "float":
+        if value not in ("inf", "-inf", "nan"):   # what write_archive stores there: the non-finite floats
+            raise Refused(f"metadata entry {i} {_where(key_path)}: float {value!r}, expected inf, -inf or nan")
+        value = float(value)
+    if kinds[0] == "value" and not isinstance(value, _SCALARS):
+        raise Refused(f"metadata entry {i} {_where(key_path)}: a JSON {json_kind(value)}, expected a plain value")
+    return tuple(key_path), value
 
 
 def _check_compatible(restored: Mapping[str, Any], initial: Mapping[str, Any], source: Path) -> None:
@@ -226,6 +284,7 @@ class Checkpoint:
         self.keep = keep
         self.prefix = prefix
         self.resumed_from: Optional[int] = None  # the step restore() found, None for a fresh start
+        self._unreadable: set[int] = set()        # steps whose files restore() skipped (rank 0)
         self._pattern = re.compile(rf"{re.escape(prefix)}-(\d+)\.npz")
         self._signal: Optional[int] = None
         self._previous: dict[int, Any] = {}
@@ -316,7 +375,9 @@ class Checkpoint:
             try:
                 written = self.path_for(step)
                 write_archive(written, state, step)
-                for old in self.steps()[:-self.keep]:
+                self._unreadable.discard(step)
+                # files restore() skipped as unreadable do not count as kept: they must not push out a good one
+                for old in [s for s in self.steps() if s not in self._unreadable][:-self.keep]:
                     self.path_for(old).unlink(missing_ok=True)
                 if self._stopping and self._job_dir is not None:
                     # saved because the job is being stopped: the job script puts it back in the queue
@@ -339,7 +400,10 @@ class Checkpoint:
         initial_flat = _flatten(initial)  # validate the caller's state on every rank, before any collective
         payload: Any = None
         if _rank() == 0:
-            payload = self._load_newest(initial)
+            try:
+                payload = self._load_newest(initial)
+            except Exception as exc:   # whatever it is, every rank must hear it: the others wait in the broadcast
+                payload = f"Checkpoint.restore() failed on rank 0: {type(exc).__name__}: {exc}"
         payload = _broadcast_object(payload, self._name("restore"))
         if isinstance(payload, str):  # rank 0's error, raised on every rank
             raise HpcvodInputError(payload)
@@ -351,13 +415,21 @@ class Checkpoint:
         return state
 
     def _load_newest(self, initial: Mapping[str, Any]) -> Any:
-        for step in reversed(self.steps()):
+        """Rank 0: (state, step) of the newest checkpoint that can be read, None when there is none, or the
+        error every rank raises (a checkpoint of another script; files that are all unreadable)."""
+        steps = self.steps()
+        newest_problem = ""
+        for step in reversed(steps):
             path = self.path_for(step)
             try:
                 state, saved_step = read_archive(path)
-            except (OSError, ValueError, KeyError) as exc:
-                print(f"hpcvod checkpoint: cannot read {path} ({type(exc).__name__}: {exc}); trying an older one",
+                if saved_step != step:
+                    raise CheckpointUnreadable(path, f"it holds step {saved_step}, its name says {step}")
+            except CheckpointUnreadable as exc:
+                print(f"hpcvod checkpoint: cannot read {path}: {exc.reason}; skipping it, trying an older one",
                       file=sys.stderr, flush=True)
+                self._unreadable.add(step)
+                newest_problem = newest_problem or f"the newest, {path}: {exc.reason}"
                 continue
             try:
                 _check_compatible(state, initial, path)
@@ -365,6 +437,9 @@ class Checkpoint:
                 return str(exc)
             print(f"hpcvod checkpoint: resuming from {path} (step {saved_step})", file=sys.stderr, flush=True)
             return state, saved_step
+        if steps:   # starting afresh would bury them: a later save could delete the only good copy elsewhere
+            return (f"Checkpoint.restore(): none of the {len(steps)} checkpoint(s) in {self.directory} can be read "
+                    f"({newest_problem}); move them away to start afresh, or restore a copy")
         return None
 
     def _name(self, what: str) -> str:
