@@ -410,6 +410,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from hpcvod.jobs.submission import job_has_data_service, job_world_size
     from hpcvod.jobs.watch import follow_output, log_files
     from hpcvod.schedulers.base import DATA_SERVICE_LOG
 
@@ -418,6 +419,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     ref = _job_ref(args.job)
     if ref.job_dir is None:
         raise UserError(f"JOB {args.job!r}: logs need the job folder (no folder records this id)")
+    size = job_world_size(ref)
+    if args.rank is not None and size is not None and args.rank >= size and not job_has_data_service(ref):
+        ranks = "rank 0 only" if size == 1 else f"ranks 0-{size - 1}"
+        raise UserError(f"logs: --rank {args.rank}: job {ref.job_id} has {ranks}")
     logs = log_files(ref)
     if not args.follow and not logs[0][1].exists():
         print(one_line(f"(no output yet: {ref.output})"), file=sys.stderr)
@@ -515,6 +520,12 @@ def cmd_sites(args: argparse.Namespace) -> int:
     return EXIT_USAGE if bad else EXIT_OK
 
 
+def _flushed(code: int) -> int:
+    """``code``, once stdout is flushed inside main(): a reader gone early is seen there (BrokenPipeError)."""
+    sys.stdout.flush()
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -533,13 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "render":
             return cmd_render(args, program, argv)
         if args.command == "status":
-            return cmd_status(args)
+            return _flushed(cmd_status(args))
         if args.command == "logs":
-            return cmd_logs(args)
+            return _flushed(cmd_logs(args))
         if args.command == "cancel":
             return cmd_cancel(args)
         if args.command == "jobs":
-            return cmd_jobs(args)
+            return _flushed(cmd_jobs(args))
         if args.command == "sites":
             return cmd_sites(args)
         if args.command == "run":
@@ -562,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `hpcvod jobs | head -1`: the reader has what it wanted; no error, and no message
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return EXIT_OK
     except Exception as err:  # a scheduler command that failed, a full disk...: one line, not a traceback
         from hpcvod.schedulers.base import SchedulerError
 

@@ -34,12 +34,13 @@ from submitit.core import core, utils
 
 from hpcvod.jobs.jobdir import REQUEST_FILE, JobRef, ensure_root
 from hpcvod.jobs.spec import DATA_SERVICE_OPTIONS, JobSpec, data_service_spec
-from hpcvod.jobs.submission import cancel_job, job_status, prepare, refuse_another_mpi, submit_prepared
+from hpcvod.jobs.submission import (cancel_job, job_status, job_world_size, prepare, refuse_another_mpi,
+                                    submit_prepared)
 from hpcvod.jobs.watch import wait_for
 from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
-from hpcvod.schedulers.jobfiles import job_modes, open_job_file, read_json
+from hpcvod.schedulers.jobfiles import job_modes, open_job_file
 from hpcvod.sites.errors import UserError
 from hpcvod.sites.joboptions import job_options, option_names
 from hpcvod.sites.loader import Site, discover_site
@@ -72,7 +73,10 @@ class HpcvodJob(core.Job):
 
     @property
     def world_size(self) -> int:
-        return int(read_json(self.job_dir / REQUEST_FILE)["plan"]["world_size"])
+        size = job_world_size(self.ref)
+        if size is None:
+            raise UserError(f"{self.job_dir / REQUEST_FILE}: plan.world_size: expected the job's number of ranks")
+        return size
 
     @property
     def state(self) -> str:

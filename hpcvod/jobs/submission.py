@@ -124,6 +124,24 @@ def _array_spec(ref: JobRef) -> str | None:
     return spec
 
 
+def job_world_size(ref: JobRef) -> int | None:
+    """The training's number of ranks, as the job folder's request.json records it (None: no folder, or no
+    whole number recorded there)."""
+    if ref.job_dir is None:
+        return None
+    plan = read_json(ref.job_dir / REQUEST_FILE).get("plan")
+    size = plan.get("world_size") if isinstance(plan, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def job_has_data_service(ref: JobRef) -> bool:
+    """Whether the job was submitted with a tf.data service compute job (its own ranks, in data-service.log)."""
+    if ref.job_dir is None:
+        return False
+    plan = read_json(ref.job_dir / REQUEST_FILE).get("plan")
+    return isinstance(plan, dict) and bool(plan.get("data_service"))
+
+
 def array_task_states(ref: JobRef) -> list[tuple[int, JobStatus]]:
     """Each task of an array job with where it stands ([] for a job that is no array): its exit file once it has
     ended, else what the scheduler says of that task (or, where it cannot be asked, of the whole job)."""
@@ -152,10 +170,7 @@ DATA_SERVICE_PARTS = ("data service", "training")  # the components of a job wit
 def component_states(ref: JobRef) -> list[tuple[str, JobStatus]]:
     """Each part of a job submitted with a tf.data service compute job, where its scheduler runs them as separate
     components (Slurm's heterogeneous job: the compute part, then the training); [] for any other job."""
-    if ref.job_dir is None:
-        return []
-    plan = read_json(ref.job_dir / REQUEST_FILE).get("plan")
-    if not isinstance(plan, dict) or not plan.get("data_service"):
+    if not job_has_data_service(ref):
         return []
     scheduler = scheduler_of(ref)
     out = []

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -428,3 +430,36 @@ def test_a_long_line_of_the_rank_is_passed_on_as_it_comes():
     assert other("[1]<stdout>: ") + other(piece) + other(piece) == "" and other.head == ""
     assert keep("\n[2]<stdout>: b\n", final=True) == "\n"
     assert other("\n[2]<stdout>: b\n", final=True) == "[2]<stdout>: b\n"
+
+
+# ---- issue 25, the small ones of `logs` and `jobs` ---------------------------------------------------------
+
+
+def test_logs_rank_beyond_the_job_is_one_line(cli, tmp_path):
+    folder = _finished_job(tmp_path, plan={"world_size": 2})
+    code, out, err = cli("logs", "--rank", "5", str(folder))
+    one_error_line(code, err, "logs: --rank 5: job local-", "has ranks 0-1")
+    assert out == ""
+    code, out, err = cli("logs", "--rank", "0", str(folder))
+    assert code == 0 and out == "[0]<stdout>: hello\n", err
+    alone = _finished_job(tmp_path, name="job-2", plan={"world_size": 1})
+    one_error_line(*cli("logs", "--rank", "1", str(alone))[::2], "has rank 0 only")
+
+
+@pytest.mark.parametrize("command", ["jobs", "logs", "status"])
+def test_a_reader_that_has_gone_is_no_error(tmp_path, command):
+    """`hpcvod jobs | head -1`: here a pipe whose reading end is closed before hpcvod writes (EPIPE for sure)."""
+    from submission_helpers import clean_env
+
+    folder = _finished_job(tmp_path)
+    (folder / "output.log").write_text("[0]<stdout>: hello\n" * 20_000)  # more than a pipe holds
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hpcvod.cli", command, *([] if command == "jobs" else
+                                                                              [str(folder)])],
+                              cwd=tmp_path, env=clean_env(tmp_path), stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done
