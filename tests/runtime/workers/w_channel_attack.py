@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import hpcvod.runtime as hvd
-from hpcvod.runtime import watchdog
+from hpcvod.runtime import channel, watchdog
 from hpcvod.runtime.mpi_start import start_mpi
 
 MPI = start_mpi()
@@ -53,14 +53,14 @@ def attack(port: int, token: str, identities: list) -> None:
 
 
 if me == 0:
-    real_accept = watchdog.Watchdog._accept_ranks
+    real_accept = channel.ControlChannel._accept_ranks
 
     def accept(self, listeners, token, identities, *args):
         port = listeners[0].getsockname()[1]
         threading.Thread(target=attack, args=(port, token, identities), daemon=True).start()
         return real_accept(self, listeners, token, identities, *args)
 
-    watchdog.Watchdog._accept_ranks = accept
+    channel.ControlChannel._accept_ranks = accept
 if me == 1:
     real_connect = watchdog.Watchdog.connect
 
