@@ -463,3 +463,120 @@ def test_a_reader_that_has_gone_is_no_error(tmp_path, command):
     finally:
         os.close(write_end)
     assert done.returncode == 0 and done.stderr == "", done
+
+
+# ---- property-based: control characters in job folders, links and foreign owners ---------------------------
+# (the classes of issue 23 for the generators of test_hostile_inputs.py; its harness is reused, not copied)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from test_hostile_inputs import SETTINGS, TEXT, assert_contract, run_cli  # noqa: E402
+
+CONTROL = st.lists(st.sampled_from(["\x1b[2J", "\x1b]0;t\x07", "\x9b", "\x07", "\n", "\r", "\t", "\x7f", "\x85",
+                                   "\u2028", "\u202e", "\x00", "a", "é", " "]), min_size=1, max_size=6).map("".join)
+HOSTILE_TEXT = st.one_of(CONTROL, TEXT)
+JOB_FILES = ["job.json", "request.json", "exitcode", "output.log", "cancelled"]
+SHOWN_RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\u2028", "\x85")
+
+
+@st.composite
+def hostile_job_folders(draw) -> dict:
+    """A finished local job folder whose name and shown fields hold control characters, with some of its files
+    replaced by a link to a secret, and some of them (or the folder) given to another user."""
+    return {"name": "job" + draw(CONTROL).replace("/", "").replace("\x00", ""),
+            "site": draw(HOSTILE_TEXT), "submitted": draw(HOSTILE_TEXT),
+            "links": draw(st.lists(st.sampled_from(JOB_FILES), unique=True, max_size=2)),
+            "foreign": draw(st.lists(st.sampled_from(JOB_FILES + ["."]), unique=True, max_size=2))}
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(folder=hostile_job_folders(), command=st.sampled_from(["status", "logs", "jobs", "cancel"]))
+def test_hostile_job_folders_print_nothing_raw_and_no_secret(folder, command):
+    work = Path(tempfile.mkdtemp(prefix="hpcvod-trust-prop-"))
+    cwd = os.getcwd()
+    try:
+        os.chdir(work)
+        try:
+            job_dir = _finished_job(work, name=folder["name"], plan={"site": folder["site"]})
+        except OSError:  # a name the file system refuses (too long): nothing to test
+            return
+        record = json.loads((job_dir / "job.json").read_text())
+        (job_dir / "job.json").write_text(json.dumps({**record, "submitted": folder["submitted"]}))
+        for name in folder["links"]:
+            (job_dir / name).unlink(missing_ok=True)
+            os.symlink(_secret_file(work, name), job_dir / name)
+        for name in folder["foreign"]:
+            if (job_dir / name).exists():
+                os.lchown(job_dir / name, NOBODY, NOBODY)
+        argv = [command] + ([] if command == "jobs" else [str(job_dir)])
+        code, out, err, elapsed = run_cli(argv)
+        assert_contract(argv, code, err, elapsed)
+        assert SECRET not in out + err, (argv, out, err)
+        assert not any(c in out + err for c in SHOWN_RAW), (argv, out, err)
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _trusted_chain(path: Path) -> bool:
+    """Checked apart from hpcvod's walk: every folder from / to ``path`` (links resolved) is root's and writable
+    by nobody else, sticky folders above ``path`` aside."""
+    real = Path(os.path.realpath(path))
+    for folder in [*reversed(real.parents), real]:
+        st_ = os.lstat(folder)
+        if st_.st_uid != os.geteuid() and st_.st_uid != 0:
+            return False
+        sticky = st_.st_mode & stat.S_ISVTX and folder != real
+        if st_.st_mode & 0o022 and not sticky:
+            return False
+    return True
+
+
+@st.composite
+def jobs_folder_trees(draw) -> list[tuple[str, str]]:
+    """Up to four steps below the example's folder, each a folder (private, world-writable, sticky, group-writable,
+    another user's), a link to the step before (ours or another user's), a file or a FIFO."""
+    kinds = ["dir", "dir", "dir0777", "dir1777", "dir0775g", "foreign", "link", "foreignlink", "file", "fifo"]
+    return [(f"s{i}", draw(st.sampled_from(kinds))) for i in range(draw(st.integers(0, 4)))]
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(tree=jobs_folder_trees(), missing=st.integers(0, 2), shared=st.booleans())
+def test_a_job_folder_is_made_only_under_folders_nobody_else_can_change(tree, missing, shared):
+    work = Path(tempfile.mkdtemp(prefix="hpcvod-trust-prop-"))
+    try:
+        path = work
+        for name, kind in tree:
+            if not path.is_dir():
+                break  # nothing can be made under a file or a FIFO
+            target = path / name
+            if kind.startswith("dir") or kind == "foreign":
+                target.mkdir()
+                if kind == "foreign":
+                    os.chown(target, NOBODY, -1)
+                elif kind != "dir":
+                    os.chown(target, -1, NOBODY if kind.endswith("g") else -1)
+                    target.chmod(int(kind[3:7], 8))
+            elif kind in ("link", "foreignlink"):
+                os.symlink(path, target)
+                if kind == "foreignlink":
+                    os.lchown(target, NOBODY, -1)
+            elif kind == "file":
+                target.write_text("x")
+            else:
+                os.mkfifo(target)
+            path = target
+        root = path.joinpath(*[f"new{i}" for i in range(missing)])
+        before = _tree(work)
+        try:
+            with open_new_job_dir(root, "train", shared=shared) as new:
+                made = new.path
+        except UserError as err:
+            assert "\n" not in str(err) and str(root) in str(err)
+            assert _tree(work) == before  # refused: nothing made
+            return
+        assert _trusted_chain(made.parent), (tree, made)
+        assert stat.S_IMODE(os.stat(made).st_mode) == (0o750 if shared else 0o700)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
