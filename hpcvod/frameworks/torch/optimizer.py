@@ -176,13 +176,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             p.grad.copy_(self._hvd_compression.decompress(compressed, ctx))
         for p in self._hvd_densified:
             p.grad = p.grad.to_sparse()   # as Horovod: reduced dense, applied sparse (SparseAdam needs that)
+        self._hvd_forget_step()
+        self._hvd_synchronized = True
+
+    def _hvd_forget_step(self) -> None:
+        """No reduction in flight, no gradient counted: the state at the start of a step."""
         self._hvd_densified.clear()
         self._hvd_inflight.clear()
         self._hvd_marked.clear()
         self._hvd_ready_count = [0] * len(self._hvd_buckets)
         for p in self._hvd_delay:
             self._hvd_delay[p] = self.backward_passes_per_step
-        self._hvd_synchronized = True
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As Horovod's: also forgets the reductions of a step cut short, so that an elastic reset (which
+        restores the optimizer through this) can train on after a collective failed inside ``step()``."""
+        self._hvd_forget_step()
+        self._hvd_synchronized = False
+        self._hvd_should_synchronize = True
+        super(self._hvd_base, self).load_state_dict(state_dict)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -1,0 +1,337 @@
+"""Elastic training over MPI, the framework-neutral part of Horovod's ``hvd.elastic`` (docs/elastic.md).
+
+``State`` / ``ObjectState`` keep a committed copy of what training needs in memory; ``run_fn`` wraps the training
+function so that a failure of the world does not end the job:
+
+* **Detection.** A rank that dies, or leaves ``run`` with an exception, is seen by the watchdog (its control
+  connection closes, or it reports the exception) and by MPI itself (ULFM: ``MPI_ERR_PROC_FAILED``). Inside
+  ``run``, the watchdog's verdict does not end the job (:func:`absorbs_failure`, called by
+  ``context._abort_job``): this rank marks its runtime failed, fails every pending collective with
+  :class:`HpcvodRankFailureError` (a ``HorovodInternalError``) and revokes its communicators, so that a thread
+  inside an MPI call returns instead of waiting for the dead rank.
+* **Reset.** Every rank still alive shuts its runtime down, shrinks the old world's communicator (ULFM's
+  ``MPI_Comm_shrink``, an agreement on who is alive), splits off the ranks that are leaving, and survivors call
+  ``hvd.init(comm=...)`` over what is left. Only ``state`` crosses a reset: it is restored to its last commit
+  and broadcast from the new rank 0.
+* **Leaving.** A rank whose training function raises anything else takes part in the reset as a leaver, then
+  finalizes MPI and exits: status 0 while other ranks train on, 1 when no rank is left (Open MPI's ULFM does not
+  report a process that exits non-zero without MPI_Finalize as failed, so the survivors could not shrink past it).
+
+This needs an MPI with ULFM: the Open MPI flavour started with ``mpirun --with-ft ulfm``. Under MPICH and Intel
+MPI the survivors of a dead rank hang inside the collective, so ``run`` refuses to start there (one line).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import queue
+import sys
+import threading
+from typing import Any, Callable
+
+from . import context
+from .config import number
+from .errors import (HostsUpdatedInterrupt, HpcvodConfigError, HpcvodError, HpcvodInputError,
+                     HpcvodMismatchError, HpcvodNotInitializedError, HpcvodRankFailureError, HpcvodShutdownError,
+                     HpcvodStallError, HpcvodWorldSizeError)
+from .world import mpi_flavour
+
+# Horovod's own words (horovod/runner/elastic/constants.py), since scripts and tests match them
+RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+RESET_LIMIT = number("ELASTIC_RESET_LIMIT", 0, 1 << 31, "resets", whole=True, note="0 = no limit")
+
+# Raised by this rank's own mistakes, not by a broken world: a reset would only repeat them.
+_NOT_RECOVERABLE = (HpcvodInputError, HpcvodConfigError, HpcvodNotInitializedError, HpcvodMismatchError,
+                    HpcvodWorldSizeError, HpcvodShutdownError, HpcvodStallError)
+
+
+class HostUpdateResult:
+    """Horovod's flags of a host change (``removed | added``), as ``State.on_hosts_updated`` receives them."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = removed | added
+
+
+class WorkerNotificationManager:
+    """Where host changes reach the states of ``run`` (Horovod's horovod.runner.elastic.worker). Nothing feeds
+    it yet: hpcvod has no host discovery, so ``HostsUpdatedInterrupt`` comes only from a caller of
+    :meth:`handle_hosts_updated`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: set[Any] = set()
+
+    def init(self) -> None:
+        """Horovod starts its notification service here; hpcvod has none to start."""
+
+    def register_listener(self, listener: Any) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    def handle_hosts_updated(self, timestamp: float, update_res: int) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.on_hosts_updated(timestamp, update_res)
+
+
+notification_manager = WorkerNotificationManager()
+
+
+class State:
+    """What training keeps in memory across resets (Horovod's ``horovod.common.elastic.State``).
+
+    ``bcast_object(obj)``: broadcasts from rank 0; ``get_rank()``: this rank. Subclasses define ``save``,
+    ``restore`` and ``sync``.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages: queue.Queue = queue.Queue()
+        self._last_updated_timestamp: float = 0
+        self._reset_callbacks: list[Callable[[], Any]] = []
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
+        """Functions to call after every reset (e.g. to scale the learning rate with the new size)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self._host_messages = queue.Queue()
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
+        self._host_messages.put((timestamp, update_res))
+
+    def commit(self) -> None:
+        """Save the state in host memory (the copy a reset restores), then :meth:`check_host_updates`."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` on every rank at once when hosts were added or removed (a
+        broadcast from rank 0, so that all ranks agree)."""
+        prev_timestamp = last_timestamp = self._last_updated_timestamp
+        update = HostUpdateResult.no_update
+        while not self._host_messages.empty():
+            timestamp, result = self._host_messages.get()
+            if timestamp > last_timestamp:
+                last_timestamp = timestamp
+                update |= result
+        prev_timestamp, self._last_updated_timestamp, update = \
+            self._bcast_object((prev_timestamp, last_timestamp, update))
+        if self._last_updated_timestamp > prev_timestamp:
+            raise HostsUpdatedInterrupt(update == HostUpdateResult.removed)
+
+    def save(self) -> None:
+        raise NotImplementedError()
+
+    def restore(self) -> None:
+        raise NotImplementedError()
+
+    def sync(self) -> None:
+        raise NotImplementedError()
+
+    def reset(self) -> None:
+        """Called after a reset, before the state is synchronised."""
+
+
+class ObjectState(State):
+    """Plain Python values given as keyword arguments, exposed as attributes, broadcast from rank 0 by
+    ``sync`` (Horovod's ``ObjectState``)."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
+        self._bcast_object = bcast_object
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for attr, value in self._saved_state.items():
+            setattr(self, attr, value)
+
+
+# ------------------------------------------------------------------------------------------- the world
+class _Elastic:
+    """This process's elastic bookkeeping (one ``run`` at a time)."""
+
+    def __init__(self) -> None:
+        self.inside = False       # inside run(): a failure resets instead of ending the job
+        self.start_rank = -1      # the rank this process had when run() first started
+
+
+_elastic = _Elastic()
+
+
+def absorbs_failure(rt: Any, reason: str) -> bool:
+    """The elastic switch of the runtime's failure path (``context._abort_job``): inside ``run``, a dead or
+    failed rank breaks this world instead of ending the job. Returns whether it did."""
+    if not _elastic.inside:
+        return False
+    _break_world(rt, reason)
+    return True
+
+
+def _break_world(rt: Any, reason: str,
+                 then: str = "elastic: restoring the last commit and going on with the ranks left") -> bool:
+    """Mark ``rt`` failed, fail its pending collectives and revoke its communicators (ULFM: MPI calls on them
+    return at once on every rank); one line says ``reason`` and what happens ``then``. Returns False when it was
+    already failed."""
+    with rt.lock:
+        if rt.failed is not None:
+            return False
+        rt.failed = reason
+        rt.exit_code = context.EXIT_RANK_FAILURE
+    rank = rt.info.rank if rt.info else -1
+    print(f"hpcvod: rank {rank}: {reason}; {then}", file=sys.stderr, flush=True)
+    error = HpcvodRankFailureError(f"rank {rank}: {reason}")
+    for lane in list(rt.lanes.values()):
+        lane.abort(error)
+        _revoke(lane.comm)
+    for comm in (rt.comm, rt.local_comm, rt.cross_comm):
+        _revoke(comm)
+    return True
+
+
+def _revoke(comm: Any) -> None:
+    if comm is None:
+        return
+    try:
+        comm.Revoke()
+    except Exception:   # already freed or revoked: nothing left to interrupt
+        pass
+
+
+def check_fault_tolerant_mpi() -> None:
+    """One line, at the start of ``run``, where a dead rank would leave the survivors hanging instead of
+    resetting: an MPI without ULFM, or Open MPI started without it."""
+    from mpi4py import MPI
+    flavour = mpi_flavour(MPI.Get_library_version())
+    if flavour != "openmpi":
+        raise HpcvodConfigError(
+            f"hvd.elastic.run needs an MPI that survives a dead rank (ULFM): the Open MPI flavour started with "
+            f"`mpirun --with-ft ulfm`; this job runs {flavour}, where the other ranks would hang in their next "
+            f"collective (docs/elastic.md)")
+    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true", "yes", "on"):
+        raise HpcvodConfigError(
+            "hvd.elastic.run needs Open MPI's fault tolerance: start the job with `mpirun --with-ft ulfm` "
+            "(OMPI_MCA_mpi_ft_enable is not set, so a dead rank would end the job; docs/elastic.md)")
+
+
+def _reset_world(leaving: bool) -> int:
+    """Collective over every live rank of the current world: shut the runtime down, shrink the world to the
+    live ranks, split off the leavers and, unless ``leaving``, initialise the runtime over the rest. Returns the
+    number of ranks that stay."""
+    from mpi4py import MPI
+    rt = context.runtime()
+    # a failed world's communicator is revoked and kept by shutdown(); a healthy one (hosts changed) is freed
+    old = rt.comm if rt.failed is not None else rt.comm.Dup()
+    context.shutdown()
+    live = old.Shrink()
+    staying = live.allreduce(0 if leaving else 1)
+    rest = live.Split(MPI.UNDEFINED if leaving else 0, live.Get_rank())
+    live.Free()
+    if not leaving:
+        context.init(comm=rest)
+        rest.Free()   # init() works on its own duplicate
+    return staying
+
+
+def _leave(exc: BaseException) -> None:
+    """This rank's training function raised: tell the others, take part in their reset, and arrange this
+    process's exit (after MPI_Finalize, which Open MPI needs to count it as gone rather than failed)."""
+    if not context.is_initialized():   # no world to leave
+        return
+    rt = context.runtime()
+    me = rt.info.rank if rt.info else -1
+    reason = f"rank {me} left the elastic job: {type(exc).__name__}: {exc}"
+    if _break_world(rt, reason, "it leaves once the other ranks have rebuilt their world"):
+        if rt.watchdog is not None:
+            rt.watchdog.report_failure(reason)
+    else:   # its world had already failed: still say why this rank leaves
+        print(f"hpcvod: rank {me}: {reason}", file=sys.stderr, flush=True)
+    staying = _reset_world(leaving=True)
+    if staying == 0:
+        print(f"hpcvod: rank {me} (rank {_elastic.start_rank} at start): no rank is left in the elastic job; "
+              f"it ends with this rank's error", file=sys.stderr, flush=True)
+    code = 0 if staying else (exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
+
+    def finalize_and_exit() -> None:   # registered last, so it runs before mpi4py's and context's exit hooks
+        from mpi4py import MPI
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    atexit.register(finalize_and_exit)
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) -> Callable[..., Any]:
+    """Horovod's ``run_fn``: ``func(state, ...)`` wrapped so that a failure of the world restores ``state``'s
+    last commit, rebuilds the world from the ranks still alive and calls ``func`` again (``reset``: an extra
+    step after the world is rebuilt, before ``state.on_reset()``)."""
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        check_fault_tolerant_mpi()
+        limit = RESET_LIMIT.read(0)
+        notification_manager.init()
+        notification_manager.register_listener(state)
+        if _elastic.start_rank < 0:
+            _elastic.start_rank = context.rank()
+        was_inside, _elastic.inside = _elastic.inside, True
+        resets = 0
+        skip_sync = False
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HostsUpdatedInterrupt as interrupt:
+                    skip_sync = interrupt.skip_sync
+                except HpcvodError as exc:   # HorovodInternalError
+                    if isinstance(exc, _NOT_RECOVERABLE):
+                        _leave(exc)
+                        raise
+                    _break_world(context.runtime(), f"a collective failed: {exc}")
+                    state.restore()
+                    skip_sync = False
+                except BaseException as exc:
+                    _leave(exc)
+                    raise
+                if limit and resets >= limit:
+                    raise HpcvodRankFailureError(RESET_LIMIT_EXCEEDED_MESSAGE.format(limit))
+                resets += 1
+                _reset_world(leaving=False)
+                if reset is not None:
+                    reset()
+                state.on_reset()
+        finally:
+            _elastic.inside = was_inside
+            notification_manager.remove_listener(state)
+    return wrapper
+
+
+__all__ = ["State", "ObjectState", "run_fn", "notification_manager", "WorkerNotificationManager",
+           "HostUpdateResult", "RESET_LIMIT_EXCEEDED_MESSAGE", "absorbs_failure", "check_fault_tolerant_mpi"]
