@@ -91,7 +91,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o666, exact: bool = False, 
             os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # argv bytes as given
             f.write(text)
-        os.replace(tmp_name, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.replace(tmp_name, target, **({} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}))
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name, **where)
