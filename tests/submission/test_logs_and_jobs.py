@@ -74,8 +74,8 @@ def test_every_line_of_the_kept_log_and_of_logs_carries_rank_and_stream(workdir)
     assert one.returncode == 0, one.stderr
     assert one.stdout.splitlines() == [line for line in kept if line.startswith("[1]<")], one.stdout
     assert len(one.stdout.splitlines()) == 4
-    nobody = hpcvod("logs", job, "--rank", "7", cwd=workdir, env=clean_env(workdir))
-    assert nobody.returncode == 0 and nobody.stdout == ""
+    nobody = hpcvod("logs", job, "--rank", "7", cwd=workdir, env=clean_env(workdir))  # a rank the job has not
+    assert nobody.returncode == 2 and nobody.stdout == "" and "has ranks 0-1" in nobody.stderr, nobody.stderr
     bad = hpcvod("logs", job, "--rank", "-1", cwd=workdir, env=clean_env(workdir))
     assert bad.returncode == 2 and "--rank -1" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
