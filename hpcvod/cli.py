@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hpcvod import __version__
-from hpcvod.sites.errors import UserError, one_line
+from hpcvod.support.errors import UserError, one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

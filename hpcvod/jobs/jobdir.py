@@ -15,8 +15,8 @@ from typing import Any, Iterable
 from hpcvod.launchers.shell import safe_name
 from hpcvod.schedulers.jobfiles import (RECORD_FILE, job_modes, json_kind, open_job_file, read_json,
                                        write_job_file)
-from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_private_dir
+from hpcvod.support.errors import UserError
+from hpcvod.support.files import open_private_dir
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"

@@ -22,7 +22,7 @@ from hpcvod.launchers.host import HostFacts
 from hpcvod.launchers.shell import ENV_KEY, Verbatim, safe_name
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import JobOptions, merged
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import AUTO, NAME_PATTERN, Partition, interconnect_env, time_seconds

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 
 MISSING = "matplotlib is not installed in this Python (pip install 'hpcvod[plots]')"
 PHASE_COLOURS = {"negotiate": "tab:red", "queue": "tab:orange", "memcpy": "tab:green", "transfer": "tab:blue"}

@@ -41,7 +41,7 @@ from hpcvod.launchers.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
 from hpcvod.schedulers.jobfiles import job_modes, open_job_file
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import job_options, option_names
 from hpcvod.sites.loader import Site, discover_site
 

@@ -17,8 +17,8 @@ from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.launchers.shell import Verbatim, shell_quote
 from hpcvod.schedulers.base import DATA_SERVICE_CONFIG, DATA_SERVICE_LOG
 from hpcvod.schedulers.jobfiles import job_modes
-from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_regular, write_atomic
+from hpcvod.support.errors import UserError
+from hpcvod.support.files import open_regular, write_atomic
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 # How every rendered script begins (templates/partials/header.j2): what `render -o` may overwrite without --force.

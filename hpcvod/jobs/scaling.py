@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcvod.runtime.sitecheck import MIB
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 
 
 def parse_model_mib(text: str) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ from hpcvod.jobs.plots import BANDWIDTH, LATENCY, PROJECTION, TITLES, draw_site_
 from hpcvod.jobs.scaling import (model_check, model_gradient_mib, parse_model_mib, projection, render_model_check,
                                  render_projection)
 from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.loader import Site
 from hpcvod.sites.profile import interconnect_env
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hpcvod.launchers.shell import ENV_KEY, parse_env
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import JobOptions
 
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")

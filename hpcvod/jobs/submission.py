@@ -19,7 +19,7 @@ from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
                                     read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)
 from hpcvod.schedulers.jobfiles import read_json, write_job_file
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import array_indexes
 from hpcvod.sites.loader import Site
 

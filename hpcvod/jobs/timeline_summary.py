@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_regular
+from hpcvod.support.errors import UserError
+from hpcvod.support.files import open_regular
 
 NEGOTIATE, QUEUE, MEMCPY, TRANSFER = "negotiate", "queue", "memcpy", "transfer"
 PHASES = (NEGOTIATE, QUEUE, MEMCPY, TRANSFER)

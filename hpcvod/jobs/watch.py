@@ -14,7 +14,7 @@ from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, default_roots,
 from hpcvod.launchers.label import LABELLED
 from hpcvod.schedulers.base import EXIT_FILE, PENDING, RUNNING, JobStatus
 from hpcvod.schedulers.jobfiles import open_job_file
-from hpcvod.sites.errors import UserError, one_line
+from hpcvod.support.errors import UserError, one_line
 
 _NO_REASON = ("", "None", "(null)")
 _TASK_LOG = re.compile(r"output\.(\d+)\.log")  # an array task's log (schedulers.base.task_output_file)

@@ -140,7 +140,7 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]",
     ``job_check(site)`` is submit's comparison of the MPI the job's Python loads with the site's flavour:
     (the refusal or None, the comparison)."""
     from hpcvod.launchers.host import detect_host
-    from hpcvod.sites.errors import UserError
+    from hpcvod.support.errors import UserError
 
     host = detect_host()
     rows: list[tuple[str, str, str]] = [("hpcvod", "ok", f"{__version__} (Python {sys.version.split()[0]}, "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcvod.launchers.flavour import MpiInstall, MpiNotFound, detect_mpi
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 
 
 @dataclass(frozen=True)

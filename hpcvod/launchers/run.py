@@ -23,8 +23,8 @@ from pathlib import Path
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
 from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
 from hpcvod.launchers.shell import parse_env, shell_join
-from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import read_text_bounded
+from hpcvod.support.errors import UserError
+from hpcvod.support.files import read_text_bounded
 
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")

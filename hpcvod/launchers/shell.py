@@ -3,7 +3,7 @@
 import re
 import shlex
 
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

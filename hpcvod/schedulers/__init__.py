@@ -44,7 +44,7 @@ def scheduler_for(site: "Site") -> "Scheduler":
 
 def known_scheduler(name: object, where: str) -> "type[Scheduler]":
     """``scheduler_class(name)``, or a UserError naming ``where`` the unknown name came from."""
-    from hpcvod.sites.errors import UserError
+    from hpcvod.support.errors import UserError
 
     if not isinstance(name, str) or name not in available_schedulers():
         raise UserError(f"{where}: scheduler {name!r}: expected one of {', '.join(available_schedulers())}")

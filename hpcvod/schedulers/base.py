@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.schedulers.jobfiles import read_job_text
 from hpcvod.sites.joboptions import JobDefaults, JobOptions, flag
 from hpcvod.sites.spec import Pattern

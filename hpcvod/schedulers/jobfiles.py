@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hpcvod.sites.errors import UserError
-from hpcvod.sites.files import open_append, open_regular, read_text_bounded, write_atomic
+from hpcvod.support.errors import UserError
+from hpcvod.support.files import open_append, open_regular, read_text_bounded, write_atomic
 
 RECORD_FILE = "job.json"      # what the scheduler said (written at submit)
 MAX_JSON_BYTES = 1 << 20  # what hpcvod writes there is a few KiB

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from hpcvod.launchers import without_outer_launch
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, OUTPUT_FILE, RUNNING, UNKNOWN, JobStatus, Scheduler,
                                     Submitted, read_cancel_marker, read_exit_file)
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import option_names
 
 PID_MAX = 1 << 22  # Linux's largest pid_max

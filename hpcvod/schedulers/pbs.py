@@ -11,7 +11,7 @@ from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, JOB_ENV, JOB_L
                                     UNKNOWN, JobRequest, JobStatus, Scheduler, SchedulerError, Submitted,
                                     read_cancel_marker, qsub_begin_and_mail, qsub_range, run_command,
                                     status_from_exit_file)
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from hpcvod.sites.spec import Pattern, doc
 
 

@@ -47,7 +47,7 @@ class SlurmOptions:
 
 def script_export(script: Path) -> str | None:
     """The value of the last ``#SBATCH --export=`` directive of a rendered script (None: it has none)."""
-    from hpcvod.sites.files import read_text_bounded
+    from hpcvod.support.files import read_text_bounded
 
     found = None
     for line in read_text_bounded(script, 1 << 20, "job script").splitlines()[1:]:

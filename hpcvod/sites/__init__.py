@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.sites.loader import (SchedulerOptions, Site, check_base_file, discover_site, load_site, load_site_file,
                                  search_dirs, shipped_dir, site_files)
 from hpcvod.sites.profile import SCHEDULERS, SiteProfile

@@ -15,7 +15,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
-from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.sites.spec import CONTROL_CHARS, Pattern, doc, from_data
 
 SIZE = Pattern(r"[1-9][0-9]{0,9}[KMGT]?", "a size: a whole number of megabytes, or one with a K, M, G or T "

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from hpcvod.sites.errors import ProfileError, UserError
-from hpcvod.sites.files import read_text_bounded
+from hpcvod.support.errors import ProfileError, UserError
+from hpcvod.support.files import read_text_bounded
 from hpcvod.sites.profile import SCHEDULERS, SiteProfile, check_profile
 from hpcvod.sites.spec import check_keys, from_data
 

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
-from hpcvod.sites.errors import ProfileError, UserError
+from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.sites.joboptions import JobDefaults, check_job_options
 from hpcvod.sites.spec import ENV_NAME, ONE_LINE, Above, Choices, EnvValue, Min, Pattern, doc
 

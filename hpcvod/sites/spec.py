@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Iterator, Literal, Mapping, Sequence, Union
 
-from hpcvod.sites.errors import ProfileError
+from hpcvod.support.errors import ProfileError
 
 KeyPath = tuple[Union[str, int], ...]
 

@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO
 
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))

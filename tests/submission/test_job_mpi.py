@@ -77,7 +77,7 @@ def test_doctor_site_prints_the_same_comparison(job):
 
 def test_the_python_api_makes_the_same_check(job):
     import hpcvod.jobs
-    from hpcvod.sites.errors import UserError
+    from hpcvod.support.errors import UserError
 
     site = _site(job, "openmpi", OPENMPI / "bin" / "mpirun")
     with pytest.raises(UserError, match=r"launches the ranks with Open MPI .* loads MPICH"):

@@ -21,7 +21,7 @@ import pytest
 
 from hpcvod.jobs.jobdir import ensure_root, open_new_job_dir, ref_from_dir
 from hpcvod.schedulers.jobfiles import write_job_file
-from hpcvod.sites.errors import UserError
+from hpcvod.support.errors import UserError
 from submission_helpers import one_error_line
 from test_privacy import PEER, _as, users  # noqa: F401 - the fixture that makes a second real user
 

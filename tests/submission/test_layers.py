@@ -1,4 +1,4 @@
-"""The submission side's rooms import one way: cli -> jobs -> schedulers/launchers -> sites; and the worker side
+"""The submission side's rooms import one way: cli -> jobs -> schedulers/launchers -> sites -> support; and the worker side
 (the runtime, the frameworks and their public import points) never imports the submission side.
 
 Read from the source (every import, also those inside functions and under TYPE_CHECKING, relative ones resolved),
@@ -20,6 +20,8 @@ import hpcvod
 PACKAGE = Path(hpcvod.__file__).parent
 # room -> the rooms above it, which it must never import
 ABOVE = {
+    # the error type and the file helpers every room uses: the ground floor, it imports no other room
+    "support": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.sites"),
     "sites": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers"),
     "schedulers": ("hpcvod.cli", "hpcvod.jobs"),
     "launchers": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers"),

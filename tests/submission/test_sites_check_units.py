@@ -200,7 +200,7 @@ def test_report_renders_as_table_and_markdown() -> None:
     (float("inf"), "interconnect.link_gbps: expected a number > 0, got inf (float)"),
 ])
 def test_link_gbps_bad_values_say_what_was_expected(value, message) -> None:
-    from hpcvod.sites.errors import ProfileError
+    from hpcvod.support.errors import ProfileError
 
     with pytest.raises(ProfileError) as err:
         from_data(Interconnect, {"link_gbps": value}, ("interconnect",))
