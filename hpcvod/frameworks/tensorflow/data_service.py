@@ -24,16 +24,51 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
+
+from hpcvod.safe_read import Refused, json_kind, load_json, read_bounded
 
 HEARTBEAT_SECONDS = 1.0
 DISPATCHER_SIDES = ("compute", "training")
+CONFIG_LIMIT = 1 << 20   # one address per dispatcher: a few KiB even with a dispatcher per rank of a large job
+CONFIG_DEPTH = 4         # an object holding a list of strings: 2 levels
+MAX_COUNT = 1 << 20      # dispatchers, workers per dispatcher
+MAX_TIMEOUT = 30 * 24 * 3600
+_ADDRESS = re.compile(r"grpc://(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5})", re.ASCII)
+
+
+def _whole(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _address(value: Any) -> bool:
+    match = _ADDRESS.fullmatch(value) if isinstance(value, str) else None
+    return match is not None and 1 <= int(match.group(1)) <= 65535
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# key -> (check of its JSON value, what it must be): the one description of a config file's keys
+_CONFIG_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dispatchers": (_whole(1, MAX_COUNT), f"a whole number of dispatchers from 1 to {MAX_COUNT}"),
+    "workers_per_dispatcher": (_whole(1, MAX_COUNT), f"a whole number of workers from 1 to {MAX_COUNT}"),
+    "dispatcher_side": (lambda v: v in DISPATCHER_SIDES, "one of " + ", ".join(f'"{s}"' for s in DISPATCHER_SIDES)),
+    "addresses": (lambda v: isinstance(v, list) and all(map(_address, v)),
+                  'a list of dispatcher addresses like "grpc://10.0.0.1:5050"'),
+    "rendezvous": (lambda v: isinstance(v, str) and v != "" and "\0" not in v, "the path of the CONFIG.d folder"),
+    "timeout": (_whole(1, MAX_TIMEOUT), f"a whole number of seconds from 1 to {MAX_TIMEOUT}"),
+}
+_REQUIRED_KEYS = ("dispatchers", "workers_per_dispatcher", "dispatcher_side", "rendezvous")
 
 
 class DataServiceError(RuntimeError):
@@ -77,28 +112,51 @@ class TfDataServiceConfig:
         return dict(dataclasses.asdict(self), addresses=list(self.addresses))
 
     @staticmethod
-    def from_dict(config: dict[str, Any]) -> "TfDataServiceConfig":
-        return TfDataServiceConfig(dispatchers=int(config["dispatchers"]),
-                                   workers_per_dispatcher=int(config["workers_per_dispatcher"]),
-                                   dispatcher_side=str(config["dispatcher_side"]),
-                                   addresses=tuple(config.get("addresses", ())),
-                                   rendezvous=str(config["rendezvous"]), timeout=int(config.get("timeout", 60)))
+    def from_dict(config: Any, origin: str = "the data service config") -> "TfDataServiceConfig":
+        """The config a dict describes, every key checked (type, range, choice); DataServiceError naming
+        ``origin``, the key, what was expected and what it holds, in one line."""
+        if not isinstance(config, dict):
+            raise DataServiceError(f"{origin}: expected a JSON object, got a JSON {json_kind(config)}")
+        unknown = sorted(set(config) - set(_CONFIG_KEYS))
+        if unknown:
+            raise DataServiceError(f"{origin}: unknown key {_shown(unknown[0])} (expected only "
+                                   f"{', '.join(_CONFIG_KEYS)})")
+        missing = [key for key in _REQUIRED_KEYS if key not in config]
+        if missing:
+            raise DataServiceError(f"{origin}: {missing[0]}: missing (expected {_CONFIG_KEYS[missing[0]][1]})")
+        for key, (check, expected) in _CONFIG_KEYS.items():
+            if key in config and not check(config[key]):
+                raise DataServiceError(f"{origin}: {key}: expected {expected}, got {_shown(config[key])}")
+        side, addresses = config["dispatcher_side"], tuple(config.get("addresses", ()))
+        wanted = config["dispatchers"] if side == "compute" else 0
+        if len(addresses) != wanted:
+            raise DataServiceError(f"{origin}: addresses: expected {wanted} (one per dispatcher on the {side} side), "
+                                   f"got {len(addresses)}")
+        return TfDataServiceConfig(dispatchers=config["dispatchers"],
+                                   workers_per_dispatcher=config["workers_per_dispatcher"], dispatcher_side=side,
+                                   addresses=addresses, rendezvous=config["rendezvous"],
+                                   timeout=config.get("timeout", 60))
 
     def write(self, filename: str) -> None:
         _write_atomically(Path(filename), json.dumps(self.to_dict()))
 
     @staticmethod
     def read(filename: str, wait_for_file_creation: bool = False,
-             timeout: Optional[float] = None) -> "TfDataServiceConfig":
+             timeout: float | None = None) -> "TfDataServiceConfig":
         """The config at ``filename``; with ``wait_for_file_creation`` waits for the compute job to write it
-        (at most ``timeout`` seconds, default 600; then DataServiceError naming the path)."""
+        (at most ``timeout`` seconds, default 600; then DataServiceError naming the path). Read like a site
+        profile: a regular file (no FIFO, device or symbolic link) of at most CONFIG_LIMIT bytes, JSON nested at
+        most CONFIG_DEPTH deep with finite numbers, every key checked; DataServiceError, one line, otherwise."""
         path = Path(filename)
         if wait_for_file_creation:
             _wait_for(path, 600.0 if timeout is None else timeout, "the data service config")
         try:
-            return TfDataServiceConfig.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DataServiceError(f"{path}: not a data service config ({exc})") from None
+            config = load_json(read_bounded(path, CONFIG_LIMIT, nofollow=True), CONFIG_DEPTH)
+        except FileNotFoundError:
+            raise DataServiceError(f"{path}: cannot read the data service config: no such file") from None
+        except Refused as err:
+            raise DataServiceError(f"{path}: cannot read the data service config: {err}") from None
+        return TfDataServiceConfig.from_dict(config, str(path))
 
     # ---------------------------------------------------------------- the rendezvous folder
     @property
@@ -208,7 +266,7 @@ def _release_workers(config: TfDataServiceConfig, index: int) -> None:
     config.every_worker_marked("stopped", index, give_up=lambda: not config.compute_job_alive())
 
 
-def send_to_data_service(dataset: Any, config: TfDataServiceConfig, rank: int, size: Optional[int] = None,
+def send_to_data_service(dataset: Any, config: TfDataServiceConfig, rank: int, size: int | None = None,
                          processing_mode: str = "distributed_epoch", reuse_dataset: bool = False,
                          round_robin: bool = False) -> Any:
     """``dataset`` processed by the compute job (Horovod's ``Dataset.send_to_data_service``): with
@@ -245,7 +303,7 @@ class ComputeGroup:
     allgather: Callable[[str], list[str]]      # every rank's string, in rank order
 
 
-def split_error(size: int, dispatchers: int) -> Optional[str]:
+def split_error(size: int, dispatchers: int) -> str | None:
     """Why ``size`` compute ranks cannot serve ``dispatchers`` dispatchers (None when they can)."""
     if dispatchers < 1 or size % dispatchers:
         return (f"{size} ranks cannot be split among {dispatchers} dispatcher(s): the size must be a multiple of "
@@ -338,14 +396,14 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.timeout < 1:
         parser.error(f"--timeout {args.timeout}: expected a number of seconds >= 1")
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser("python -m hpcvod.tensorflow.data.compute_worker",
                              "Run the tf.data service compute job on every rank (docs/frameworks.md)."), argv)
     try:
