@@ -1,11 +1,19 @@
 """``hpcvod timeline summary FILE...``: what a timeline says about why a step is slow, without chrome://tracing.
 
 Reads the Chrome-trace timeline the runtime writes (``HPCVOD_TIMELINE``, ``hpcvod run --timeline-filename``;
-docs/runtime.md). The file format is the contract: this module does not import ``hpcvod.runtime``. The events it
-uses: ``thread_name`` metadata (``"ph": "M"``, a ``tid``'s tensor name), and complete events (``"ph": "X"``,
-``ts``/``dur`` in microseconds, ``pid`` = rank) named NEGOTIATE, QUEUE, MEMCPY_IN/OUT_FUSION_BUFFER or the
-operation itself (MPI_ALLREDUCE, MPI_BCAST, ...: anything else). Each rank's ``ts`` counts from that rank's own
-timeline start, so ranks are compared by durations, never by the clock.
+docs/runtime.md), and Horovod's. The file format is the contract: this module does not import ``hpcvod.runtime``.
+Two layouts are read:
+
+* Horovod's (hpcvod's since issue 29; its header, process 0, has ``start_time_since_epoch_in_micros`` and,
+  written by hpcvod, the ``rank``): one process per tensor (``process_name`` metadata: ``allreduce.grad.w``) and
+  ``B``/``E`` pairs, matched per process: NEGOTIATE_<OP>, then the operation (ALLREDUCE, ..., the outermost
+  span) with its activities inside (QUEUE, MEMCPY_IN/OUT_FUSION_BUFFER, MPI_ALLREDUCE, ...). Horovod's zero-length
+  complete events inside a negotiation (one per rank ready) are not phases.
+* hpcvod's earlier one: ``thread_name`` metadata (a ``tid``'s tensor name) and complete events (``"ph": "X"``,
+  ``pid`` = rank) named NEGOTIATE, QUEUE, MEMCPY_IN/OUT_FUSION_BUFFER or the operation itself (MPI_ALLREDUCE, ...).
+
+``ts``/``dur`` are microseconds. Each rank's ``ts`` counts from that rank's own timeline start, so ranks are compared
+by durations, never by the clock.
 
 A timeline cut off mid-run (a job killed before ``shutdown()``) is read up to its last complete event. Anything
 that is not a timeline (another file, a FIFO, a symlink, too large, nested beyond reason) is one line and exit 2.
@@ -21,7 +29,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from hpcvod.support.errors import UserError
 from hpcvod.support.files import open_regular
@@ -29,7 +37,9 @@ from hpcvod.support.files import open_regular
 NEGOTIATE, QUEUE, MEMCPY, TRANSFER = "negotiate", "queue", "memcpy", "transfer"
 PHASES = (NEGOTIATE, QUEUE, MEMCPY, TRANSFER)
 PHASE_OF = {"NEGOTIATE": NEGOTIATE, "QUEUE": QUEUE, "MEMCPY_IN_FUSION_BUFFER": MEMCPY,
-            "MEMCPY_OUT_FUSION_BUFFER": MEMCPY}   # every other complete event is the operation itself
+            "MEMCPY_OUT_FUSION_BUFFER": MEMCPY}   # every other activity is the transfer itself
+HEADER_KEY = "start_time_since_epoch_in_micros"   # in process 0's args: Horovod's layout
+MAX_DEPTH = 64                   # open B spans per row: deeper is not a timeline either writer wrote
 DEFAULT_MAX_MIB = 256
 MAX_EVENT_CHARS = 1 << 20        # one event larger than this is not one the runtime wrote
 CHUNK_BYTES = 1 << 20
@@ -203,53 +213,121 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+@dataclass
+class Span:
+    """One phase of one tensor's operation on one rank (microseconds on that rank's clock)."""
+
+    rank: int
+    tensor: str
+    name: str                    # NEGOTIATE_ALLREDUCE, QUEUE, MPI_ALLREDUCE, ALLREDUCE, ...
+    start: float
+    end: float
+    args: dict[str, Any]
+    operation: bool = False      # the outermost span of an operation (Horovod's layout): it holds the phases
+    horovod: bool = False        # from a file in Horovod's layout: its calls are its operation spans
+
+
+@dataclass
+class Tally:
+    """What a file's values came to besides its spans."""
+
+    events: int = 0              # metadata and spans read
+    ignored: int = 0             # values that are not events this summary reads
+
+
+def spans_of(path: str, values: Iterable[Any], tally: Tally) -> Iterator[Span]:
+    """The spans of one timeline file, in either layout (the module docstring); B/E pairs matched per row."""
+    horovod = False
+    rank = 0                                   # Horovod's layout: the file's rank (its header says; Horovod: 0)
+    names: dict[tuple[int, int], str] = {}     # earlier layout: (pid, tid) -> tensor; Horovod's: (pid, 0)
+    open_spans: dict[int, list[tuple[str, float, dict[str, Any]]]] = {}
+    for index, event in enumerate(values):
+        if not (isinstance(event, dict) and isinstance(event.get("ph"), str)):
+            if index == 0:
+                raise UserError(f"{path}: not a timeline: its first value is not a Chrome trace event "
+                                f"(an object with \"ph\")")
+            tally.ignored += 1
+            continue
+        ph, pid, tid = event["ph"], event.get("pid"), event.get("tid")
+        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        if ph == "M":
+            tally.events += 1
+            label = args.get("name")
+            if event.get("name") == "process_name" and pid == 0 and HEADER_KEY in args:
+                horovod = True
+                rank = args["rank"] if _is_id(args.get("rank")) else 0
+            elif event.get("name") == "process_name" and horovod and _is_id(pid) and isinstance(label, str):
+                names[(pid, 0)] = label
+            elif event.get("name") == "thread_name" and isinstance(label, str) and _is_id(pid) and _is_id(tid):
+                names[(pid, tid)] = label
+            continue
+        start, name = _number(event.get("ts")), event.get("name")
+        if ph == "B" and _is_id(pid) and start is not None and isinstance(name, str):
+            stack = open_spans.setdefault(pid, [])
+            if len(stack) >= MAX_DEPTH:
+                raise UserError(f"{path}: not a timeline: more than {MAX_DEPTH} spans open in row {pid}")
+            stack.append((name, start, args))
+            continue
+        if ph == "E" and _is_id(pid) and start is not None and open_spans.get(pid):
+            name, begun, begun_args = open_spans[pid].pop()
+            if start < begun:
+                tally.ignored += 1
+                continue
+            tally.events += 1
+            tensor = names.get((pid, 0), f"(process {pid})")
+            yield Span(rank, tensor, name, begun, start, {**begun_args, **args},
+                       operation=not open_spans[pid] and not name.startswith("NEGOTIATE"), horovod=horovod)
+            continue
+        dur = _number(event.get("dur"))
+        if ph == "X" and horovod and dur == 0:   # Horovod: a rank became ready during a negotiation
+            tally.events += 1
+            continue
+        if ph != "X" or not _is_id(pid) or start is None or dur is None or dur < 0 or not isinstance(name, str):
+            tally.ignored += int(ph not in ("i", "I"))   # instants: cycle marks, nothing to add
+            continue
+        tally.events += 1
+        tensor = names.get((pid, tid), f"(row {tid})") if _is_id(tid) else "(no row)"
+        yield Span(pid, tensor, name, start, start + dur, args)
+
+
+def _phase(name: str) -> str:
+    return NEGOTIATE if name.startswith("NEGOTIATE") else PHASE_OF.get(name, TRANSFER)
+
+
 def summarise(paths: list[str], stall_micros: float, max_bytes: int) -> Summary:
-    """Every file's events added up by tensor and by rank; NEGOTIATE spans of ``stall_micros`` or more are stalls."""
+    """Every file's spans added up by tensor and by rank; negotiations of ``stall_micros`` or more are stalls.
+    An operation's calls are its outermost spans where the file has them (Horovod's layout), else its
+    transfers."""
     summary = Summary(files=paths, stall_micros=stall_micros)
     for path in paths:
-        names: dict[tuple[int, int], str] = {}
-        events = 0
-        for index, event in enumerate(read_events(path, max_bytes, summary.notes)):
-            if not (isinstance(event, dict) and isinstance(event.get("ph"), str)):
-                if index == 0:
-                    raise UserError(f"{path}: not a timeline: its first value is not a Chrome trace event "
-                                    f"(an object with \"ph\")")
-                summary.ignored += 1
-                continue
-            pid, tid = event.get("pid"), event.get("tid")
-            if event["ph"] == "M":
-                label = (event.get("args") or {}).get("name") if isinstance(event.get("args"), dict) else None
-                if event.get("name") == "thread_name" and isinstance(label, str) and _is_id(pid) and _is_id(tid):
-                    names[(pid, tid)] = label
-                events += 1
-                continue
-            start, dur = _number(event.get("ts")), _number(event.get("dur"))
-            if (event["ph"] != "X" or not _is_id(pid) or start is None or dur is None or dur < 0
-                    or not isinstance(event.get("name"), str)):
-                summary.ignored += int(event["ph"] not in ("i", "I"))   # instants: cycle marks, nothing to add
-                continue
-            events += 1
-            rank = summary.ranks.get(pid)
+        tally = Tally()
+        for span in spans_of(path, read_events(path, max_bytes, summary.notes), tally):
+            rank = summary.ranks.get(span.rank)
             if rank is None:
                 if len(summary.ranks) >= MAX_RANKS:
                     raise UserError(f"{path}: not a timeline: more than {MAX_RANKS} ranks (pid values)")
-                rank = summary.ranks[pid] = RankTotals(pid)
-            phase = PHASE_OF.get(event["name"], TRANSFER)
-            rank.add(phase, start, start + dur)
-            tensor_name = names.get((pid, tid), f"(row {tid})") if _is_id(tid) else "(no row)"
-            tensor = summary.tensors.get(tensor_name)
+                rank = summary.ranks[span.rank] = RankTotals(span.rank)
+            tensor = summary.tensors.get(span.tensor)
             if tensor is None:
-                tensor = summary.tensors[tensor_name] = TensorTotals(tensor_name)
-            tensor.micros[phase] += dur
-            tensor.ranks.add(pid)
-            if phase == TRANSFER:
+                tensor = summary.tensors[span.tensor] = TensorTotals(span.tensor)
+            tensor.ranks.add(span.rank)
+            dur = span.end - span.start
+            if span.operation:   # it holds the phases: counted as a call, its time is theirs
+                rank.events += 1
                 tensor.calls += 1
-                tensor.operations.add(event["name"][:40])
+                continue
+            phase = _phase(span.name)
+            rank.add(phase, span.start, span.end)
+            tensor.micros[phase] += dur
+            if phase == TRANSFER:
+                tensor.calls += not span.horovod
+                tensor.operations.add(span.name[:40])
             if phase == NEGOTIATE:
                 tensor.longest_negotiation = max(tensor.longest_negotiation, dur)
                 if dur >= stall_micros:
-                    summary.stalls.append(Stall(pid, tensor_name, start, dur))
-        if not events:
+                    summary.stalls.append(Stall(span.rank, span.tensor, span.start, dur))
+        summary.ignored += tally.ignored
+        if not tally.events:
             raise UserError(f"{path}: not a timeline: no Chrome trace events in it")
     return summary
 

@@ -41,7 +41,7 @@ from .errors import HpcvodError, HpcvodInputError, HpcvodShutdownError
 from .executors import Executors
 from .handles import Handle
 from .negotiation import Negotiation
-from .timeline import NEGOTIATE, Timeline
+from .timeline import Timeline
 
 _perf = time.perf_counter
 
@@ -203,11 +203,14 @@ class Lane:
                 tl = self.timeline
                 if tl is not None:
                     h.t_ready = _perf()
-                    tl.span(h.name, NEGOTIATE, h.t_submit, h.t_ready)
+                    tl.cycle_mark(h.t_submit)   # this fast path is a cycle of its own
+                    tl.negotiated([h], h.t_submit, h.t_ready)
                 if h.kind == K.ALLREDUCE:
                     self.executors.allreduce_one(h, tl)
                 else:
                     self.executors.run_others([h], tl)
+                if tl is not None:
+                    tl.executed([h], _perf())
                 return
             while not h.done:
                 self._cycle()
@@ -312,10 +315,11 @@ class Lane:
         """Execute what a negotiation agreed on (every member runs the same list in the same order)."""
         tl = self.timeline
         if tl is not None:
-            tl.spans([h.name for h in ready if not h.dummy], NEGOTIATE, min(h.t_submit for h in ready),
-                     ready[0].t_ready)
+            tl.negotiated(ready, min(h.t_submit for h in ready), ready[0].t_ready)
         self._inflight = ready
         self.executors.run(ready, tl)
+        if tl is not None:
+            tl.executed(ready, _perf())
         self._inflight = []
         if self._nwaiters:
             self._notify()

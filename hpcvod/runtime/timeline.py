@@ -1,141 +1,314 @@
-"""Chrome-trace timeline (HPCVOD_TIMELINE=path, or hvd.start_timeline(path)).
+"""Chrome-trace timeline (HPCVOD_TIMELINE=path, or hvd.start_timeline(path)), laid out as Horovod lays out its own.
 
-One row per tensor (a Chrome "thread" named after the tensor) with a complete ("X") event per phase:
-NEGOTIATE (submitted -> every rank agreed), QUEUE (agreed -> its operation starts), MEMCPY_IN_FUSION_BUFFER,
-the MPI operation (MPI_ALLREDUCE, MPI_BCAST, ...), MEMCPY_OUT_FUSION_BUFFER. The file is a JSON array that
-chrome://tracing and https://ui.perfetto.dev open; it is a complete JSON document once the timeline stops
-(``stop_timeline()``, ``shutdown()`` or process exit).
+Horovod's layout (its horovod/common/timeline.cc), which tools written for Horovod's timelines read:
+
+* a JSON array of Chrome trace events; process 0 is the header (``args``: this ``rank`` and
+  ``start_time_since_epoch_in_micros``, the wall-clock time of ``ts`` 0);
+* one Chrome *process* per tensor, named ``<op>.<name>`` (``allreduce.grad.w``, ``broadcast.weights``) like
+  Horovod's PyTorch binding names its tensors; a name that already starts with ``<op>.`` (the
+  DistributedOptimizer's ``allreduce.<parameter>``) is kept as it is;
+* per operation, ``B``/``E`` pairs: ``NEGOTIATE_ALLREDUCE`` (submitted -> every rank agreed), then ``ALLREDUCE``
+  (agreed -> done; ``E`` carries dtype and shape) with its activities inside: ``QUEUE``,
+  ``MEMCPY_IN_FUSION_BUFFER``, the MPI call (``MPI_ALLREDUCE``, ``MPI_BCAST``, ...), ``MEMCPY_OUT_FUSION_BUFFER``;
+* with ``HPCVOD_TIMELINE_MARK_CYCLES=1`` (or Horovod's ``HOROVOD_TIMELINE_MARK_CYCLES``) a global instant
+  ``CYCLE_START`` per engine cycle.
+
+Written while the job runs: the engine's thread only appends a record to a deque (no lock, no I/O); a writer
+thread turns what has come into JSON every ``WRITE_EVERY`` seconds and writes it where the closing ``]`` was, ending
+with a new ``]``, so the file is a complete JSON document after every write and can be opened mid-run
+(chrome://tracing, https://ui.perfetto.dev, ``json.load``). At most ``MAX_PENDING`` records wait for the writer:
+beyond that records are dropped, counted and reported once when the timeline stops (memory stays bounded and the
+engine never waits for a disk).
 
 Rank 0 writes the timeline, like Horovod; a path containing ``{rank}`` makes every rank write its own file.
-The file is created private (0600) in a folder that must exist. A timeline that cannot be written (a full disk,
-``/dev/full``) is reported in one line on stderr and stops; the job goes on: a trace is never worth a training run.
+The file is created private (0600) in a folder that must exist, never through a symbolic link at the path; an
+existing file of ours is truncated and made private; one of another user, with other hard links, or that is not
+a regular file is refused (a character device such as /dev/null is written as a stream). A timeline that cannot
+be written (a full disk, ``/dev/full``) is reported in one line on stderr and stops; the job goes on: a trace is
+never worth a training run.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
 import os
+import stat
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from .errors import HpcvodInputError
+from .handles import KIND_NAMES
 
-NEGOTIATE = "NEGOTIATE"
+NEGOTIATE = "NEGOTIATE"          # a negotiation whose operation the caller did not say (span(); tests)
 QUEUE = "QUEUE"
 MEMCPY_IN = "MEMCPY_IN_FUSION_BUFFER"
 MEMCPY_OUT = "MEMCPY_OUT_FUSION_BUFFER"
+CYCLE_START = "CYCLE_START"
 
-_FLUSH_EVERY = 4096
+WRITE_EVERY = 0.02               # seconds between the writer's appends: a file opened 0.1 s later has the event
+MAX_PENDING = 1 << 18            # records waiting for the writer (a few tens of MB at most)
+_CLOSING = b"\n]\n"
+
+# record tags (the first field of a queued tuple)
+_NEGOTIATED, _SPANS, _EXECUTED, _CYCLE = 0, 1, 2, 3
+
+
+class _Refused(Exception):
+    """The path exists and is not a file this timeline may write (the message says why)."""
+
+
+def _open_private(path: str) -> int:
+    """A write descriptor of ``path``: created 0600 (O_EXCL: never through a symbolic link or a file planted at
+    the path), or an existing regular file of ours, made 0600 and truncated. O_NOFOLLOW: a symbolic link at
+    the path is refused, never followed. OSError for the caller to word (a missing folder: FileNotFoundError)."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(3):   # the file may vanish between the two opens: then create it again
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        try:
+            # O_NONBLOCK: a FIFO with no reader fails here instead of hanging init()
+            fd = os.open(path, flags | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise _Refused("it is a symbolic link (not followed: name the file itself)") from None
+            if err.errno == errno.ENXIO:
+                raise _Refused("it is a FIFO, expected a regular file") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode):   # /dev/null, /dev/full: a sink, nothing in it to keep private
+                os.set_blocking(fd, True)
+                return fd
+            if not stat.S_ISREG(st.st_mode):
+                raise _Refused("it exists and is not a regular file")
+            if st.st_uid != os.geteuid():
+                raise _Refused("it exists and belongs to another user")
+            if st.st_nlink != 1:
+                raise _Refused("it exists with other hard links to it")
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+def row_label(name: str, kind: int | None) -> str:
+    """Horovod's name of a tensor's row: ``<op>.<name>``, unless the name already starts with ``<op>.``."""
+    op = KIND_NAMES.get(kind) if kind is not None else None
+    if op is None or name.startswith(op + "."):
+        return name
+    return f"{op}.{name}"
 
 
 class Timeline:
-    """Collects timeline events in memory and appends them to the trace file in batches."""
+    """Records timeline events from the engine (cheaply) and writes them, as they come, from its own thread."""
 
     def __init__(self, path: str, rank: int, mark_cycles: bool = False) -> None:
         self.path = path
         self.rank = rank
         self.mark_cycles = mark_cycles
-        self._origin = time.perf_counter()
-        self._rows: dict[str, int] = {}
-        self._events: list[tuple] = []
-        self._lock = threading.Lock()
-        self._first = True
         self.write_error: Optional[str] = None   # why the timeline stopped being written, once it did
-        # the folder must exist (a typo in it is an error, not a new tree of folders); OSError goes to the caller
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        self._file: Any = os.fdopen(fd, "w", encoding="utf-8")
-        self._file.write("[\n")
-        self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        self.dropped = 0                         # records lost because the writer fell MAX_PENDING behind
+        self._origin = time.perf_counter()
+        epoch_micros = round((time.time() - (time.perf_counter() - self._origin)) * 1e6)
+        self._fd: int | None = _open_private(path)   # OSError / _Refused go to the caller (open_timeline)
+        self._positional = stat.S_ISREG(os.fstat(self._fd).st_mode)   # else a stream (a device): no ']' kept
+        self._end = 0              # where the next write goes: over the closing ']' of the last one
+        self._started = False
+        self._pending: collections.deque[tuple] = collections.deque()
+        self._lock = threading.Lock()          # one writer at a time (the thread, flush(), close())
+        self._rows: dict[str, int] = {}        # row label -> its Chrome pid (1, 2, ...)
+        self._pid_of: dict[str, int] = {}      # tensor name -> the pid of the row it was last negotiated in
+        self._open: dict[str, tuple[int, Any]] = {}   # tensor name -> (pid, handle) of its running operation
+        self._quoted: dict[str, str] = {}      # phase name -> its JSON string
+        self._stop = threading.Event()
+        self._write([self._event("process_name", "M", 0, None, {
+            "name": f"rank {rank}", "rank": rank, "start_time_since_epoch_in_micros": epoch_micros}),
+            self._event("process_sort_index", "M", 0, None, {"sort_index": 0})])
+        self._thread = threading.Thread(target=self._writer, name="hpcvod-timeline", daemon=True)
+        self._thread.start()
 
-    # Recording is a list append (atomic under the GIL), so the engine's hot path stays cheap.
+    # ---- recording: the engine's threads; each is one deque append ----------------------------------------
+    def _record(self, record: tuple) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending.append(record)
+
+    def negotiated(self, handles: list[Any], start: float, end: float) -> None:
+        """``handles`` (engine Handles; joined ranks' stand-ins are skipped) were agreed by every rank at ``end``
+        after negotiating from ``start``: NEGOTIATE_<OP> ends and <OP> begins."""
+        self._record((_NEGOTIATED, handles, start, end))
+
+    def executed(self, handles: list[Any], end: float) -> None:
+        """The operations of ``handles`` ended at ``end``: their <OP> span ends."""
+        self._record((_EXECUTED, handles, end))
+
     def span(self, tensor: str, phase: str, start: float, end: float, args: Optional[dict] = None) -> None:
-        self._events.append((tensor, phase, start, end, args))
-        if len(self._events) >= _FLUSH_EVERY:
-            self.flush()
+        """An activity of ``tensor``'s operation (QUEUE, MPI_ALLREDUCE, ...) from ``start`` to ``end``."""
+        self._record((_SPANS, (tensor,), phase, start, end, args))
 
     def spans(self, tensors: list[str], phase: str, start: float, end: float,
               args: Optional[dict] = None) -> None:
-        for tensor in tensors:
-            self._events.append((tensor, phase, start, end, args))
-        if len(self._events) >= _FLUSH_EVERY:
-            self.flush()
+        """The same activity for several tensors (one fused buffer)."""
+        self._record((_SPANS, tensors, phase, start, end, args))
 
     def cycle_mark(self, when: float) -> None:
         if self.mark_cycles:
-            self._events.append((None, "CYCLE_START", when, when, None))
+            self._record((_CYCLE, when))
 
-    def _row(self, tensor: str) -> int:
-        row = self._rows.get(tensor)
-        if row is None:
-            row = self._rows[tensor] = len(self._rows) + 1
-            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": row,
-                        "args": {"name": tensor}})
-            self._emit({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": row,
-                        "args": {"sort_index": row}})
-        return row
+    # ---- writing: the writer thread (or flush/close) -----------------------------------------------------
+    def _writer(self) -> None:
+        while not self._stop.wait(WRITE_EVERY):
+            self.flush()
 
-    def _emit(self, event: dict[str, Any]) -> None:
-        if self._file is None:
+    def flush(self) -> None:
+        """Write every record that has come so far (the writer thread does this every WRITE_EVERY seconds)."""
+        with self._lock:
+            pending = self._pending
+            if not pending:
+                return
+            out: list[str] = []
+            for _ in range(len(pending)):   # what has come so far: a busy engine cannot keep this loop going
+                self._format(pending.popleft(), out)
+            if out:
+                self._write(out)
+
+    def _micros(self, when: float) -> float:
+        return round((when - self._origin) * 1e6, 3)
+
+    def _event(self, name: str | None, ph: str, pid: int, ts: float | None, args: Any = None) -> str:
+        quoted = self._quoted.get(name) if name is not None else None
+        if quoted is None and name is not None:
+            quoted = self._quoted[name] = json.dumps(name)
+        text = ('{"name":' + quoted + ',"ph":"' + ph + '"') if quoted else '{"ph":"' + ph + '"'
+        if ts is not None:
+            text += f',"ts":{ts}'
+        text += f',"pid":{pid}'
+        if args:
+            text += ',"args":' + json.dumps(args, separators=(",", ":"), default=str)
+        return text + "}"
+
+    def _row(self, label: str, out: list[str]) -> int:
+        pid = self._rows.get(label)
+        if pid is None:
+            pid = self._rows[label] = len(self._rows) + 1
+            out.append(self._event("process_name", "M", pid, None, {"name": label}))
+            out.append(self._event("process_sort_index", "M", pid, None, {"sort_index": pid}))
+        return pid
+
+    def _format(self, record: tuple, out: list[str]) -> None:
+        tag = record[0]
+        if tag == _SPANS:
+            _, tensors, phase, start, end, args = record
+            ts, te = self._micros(start), self._micros(max(end, start))
+            for tensor in tensors:
+                pid = self._pid_of.get(tensor)
+                if pid is None:
+                    pid = self._pid_of[tensor] = self._row(tensor, out)
+                out.append(self._event(phase, "B", pid, ts, args))
+                out.append(self._event(None, "E", pid, te))
+        elif tag == _NEGOTIATED:
+            _, handles, start, end = record
+            ts, te = self._micros(start), self._micros(max(end, start))
+            for h in handles:
+                if h.dummy:
+                    continue
+                op = KIND_NAMES.get(h.kind, "collective").upper()
+                pid = self._pid_of[h.name] = self._row(row_label(h.name, h.kind), out)
+                if self._open.pop(h.name, None) is not None:   # the last one never ended (it failed): end it
+                    out.append(self._event(None, "E", pid, ts))
+                out.append(self._event("NEGOTIATE_" + op, "B", pid, ts))
+                out.append(self._event(None, "E", pid, te))
+                out.append(self._event(op, "B", pid, te))
+                self._open[h.name] = (pid, h)
+        elif tag == _EXECUTED:
+            _, handles, end = record
+            te = self._micros(end)
+            for h in handles:
+                running = self._open.pop(h.name, None) if not h.dummy else None
+                if running is None:
+                    continue
+                tensor = h.tensor
+                args = ({"dtype": str(tensor.dtype), "shape": str(list(tensor.shape))}
+                        if tensor is not None and hasattr(tensor, "dtype") else None)
+                out.append(self._event(None, "E", running[0], te, args))
+        elif tag == _CYCLE:
+            out.append('{"name":"' + CYCLE_START + f'","ph":"i","ts":{self._micros(record[1])},"pid":0,"s":"g"}}')
+
+    def _write(self, events: list[str]) -> None:
+        """Append ``events``; a regular file ends with ']' after every write (complete JSON at any moment)."""
+        if self._fd is None:
             return
+        body = ("[\n" if not self._started else ",\n") + ",\n".join(events)
+        data = body.encode("utf-8", "backslashreplace")
         try:
-            self._file.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
+            if self._positional:
+                data += _CLOSING
+                done = 0
+                while done < len(data):
+                    done += os.pwrite(self._fd, memoryview(data)[done:], self._end + done)
+                self._end += len(data) - len(_CLOSING)
+            else:
+                done = 0
+                while done < len(data):
+                    done += os.write(self._fd, memoryview(data)[done:])
         except OSError as err:
             self._stop_writing(err)
-        self._first = False
+        self._started = True
 
     def _stop_writing(self, err: OSError) -> None:
         """The file cannot be written: say so once and write no more (the job goes on)."""
-        file, self._file = self._file, None
-        if file is not None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
             try:
-                file.close()
+                os.close(fd)
             except OSError:
-                pass   # the same error again, from the buffered rest
+                pass
         if self.write_error is None:
             self.write_error = err.strerror or str(err)
             print(f"hpcvod: rank {self.rank}: cannot write the timeline {self.path} ({self.write_error}); it stops "
                   f"here and the file is incomplete; the job goes on", file=sys.stderr, flush=True)
 
-    def flush(self) -> None:
-        with self._lock:
-            events, self._events = self._events, []
-            if self._file is None:
-                return
-            origin = self._origin
-            for tensor, phase, start, end, args in events:
-                ts = round((start - origin) * 1e6, 3)
-                if tensor is None:
-                    self._emit({"name": phase, "ph": "i", "s": "p", "pid": self.rank, "ts": ts})
-                    continue
-                event: dict[str, Any] = {"name": phase, "ph": "X", "pid": self.rank, "tid": self._row(tensor),
-                                         "ts": ts, "dur": round(max(end - start, 0.0) * 1e6, 3)}
-                if args:
-                    event["args"] = args
-                self._emit(event)
-            if self._file is not None:
-                try:
-                    self._file.flush()
-                except OSError as err:
-                    self._stop_writing(err)
-
     def close(self) -> None:
-        """Complete the JSON document; never raises (a write error is reported, see _stop_writing)."""
+        """Write what is left and close the file (a complete JSON document); never raises (a write error is
+        reported, see _stop_writing). Operations still running stay open (Chrome shows them unfinished)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         self.flush()
         with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.write("\n]\n")
-                    self._file.close()
-                except OSError as err:
-                    self._stop_writing(err)
-                self._file = None
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                if not self._positional:
+                    os.write(fd, _CLOSING)
+                os.close(fd)
+            except OSError as err:
+                self._fd = fd
+                self._stop_writing(err)
+            if self.dropped:
+                print(f"hpcvod: rank {self.rank}: the timeline {self.path} lacks {self.dropped} event(s): its "
+                      f"writer fell more than {MAX_PENDING} behind", file=sys.stderr, flush=True)
+                self.dropped = 0
 
 
 def open_timeline(path: str, rank: int, mark_cycles: bool = False) -> Optional[Timeline]:
     """The Timeline this rank should write for ``path`` (None where another rank writes it); HpcvodInputError,
-    one line, when the file cannot be created (its folder must exist: none is created)."""
+    one line, when the file cannot be created (its folder must exist: none is created; a symbolic link, another
+    user's file or a FIFO at the path is refused)."""
     if "{rank}" in path:
         path = path.replace("{rank}", str(rank))
     elif rank != 0:
@@ -145,6 +318,9 @@ def open_timeline(path: str, rank: int, mark_cycles: bool = False) -> Optional[T
     except FileNotFoundError:
         folder = os.path.dirname(os.path.abspath(path))
         why = f"its folder {folder} does not exist (create it first)"
+    except _Refused as err:
+        why = str(err)
     except (OSError, ValueError) as err:   # ValueError: a NUL in the path
         why = getattr(err, "strerror", None) or str(err)
     raise HpcvodInputError(f"rank {rank}: cannot write the timeline {path}: {why}")
+

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+
+from hpcvod.jobs.timeline_summary import Tally, read_events, spans_of
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 
 
 def timeline_rows(path: Path) -> dict[str, list[dict]]:
-    """tensor name -> its complete ("X") events, from a Chrome-trace JSON file."""
-    events = json.loads(path.read_text())
-    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    """tensor row (Horovod's name: ``allreduce.<name>``) -> its spans' names and args, B/E pairs matched by the
+    reader of ``hpcvod timeline summary``."""
     rows: dict[str, list[dict]] = {}
-    for e in events:
-        if e.get("ph") == "X":
-            rows.setdefault(names[e["tid"]], []).append(e)
+    for span in spans_of(str(path), read_events(str(path), 1 << 30, []), Tally()):
+        rows.setdefault(span.tensor, []).append({"name": span.name, "args": span.args})
     return rows
 
 
@@ -31,19 +30,20 @@ def test_every_collective_matches_numpy(mpi, ranks: int, tmp_path: Path) -> None
 
     rows = timeline_rows(timeline)
     # one row per tensor, with the phases of its life
-    for name in ("order.0", "order.3", "order.1", "order.2", "grp.0", "ar.float32.Sum"):
+    for name in ("allreduce.order.0", "allreduce.order.3", "allgather.order.1", "broadcast.order.2",
+                 "allreduce.grp.0", "allreduce.ar.float32.Sum"):
         assert name in rows, f"no timeline row for {name}; rows: {sorted(rows)[:20]}"
-    phases = {e["name"] for e in rows["order.0"]}
-    assert {"NEGOTIATE", "QUEUE", "MPI_ALLREDUCE"} <= phases, phases
-    assert "MPI_ALLGATHERV" in {e["name"] for e in rows["order.1"]}
-    assert "MPI_BCAST" in {e["name"] for e in rows["order.2"]}
+    phases = {e["name"] for e in rows["allreduce.order.0"]}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MPI_ALLREDUCE"} <= phases, phases
+    assert "MPI_ALLGATHERV" in {e["name"] for e in rows["allgather.order.1"]}
+    assert "MPI_BCAST" in {e["name"] for e in rows["broadcast.order.2"]}
     # grouped_allreduce submits its six tensors together: they are fused into one buffer
-    fused = [e for e in rows["grp.0"] if e["name"] == "MEMCPY_IN_FUSION_BUFFER"]
-    assert fused and fused[0]["args"]["fused"] == 6, rows["grp.0"]
-    assert any(e["name"] == "MEMCPY_OUT_FUSION_BUFFER" for e in rows["grp.0"])
+    fused = [e for e in rows["allreduce.grp.0"] if e["name"] == "MEMCPY_IN_FUSION_BUFFER"]
+    assert fused and fused[0]["args"]["fused"] == 6, rows["allreduce.grp.0"]
+    assert any(e["name"] == "MEMCPY_OUT_FUSION_BUFFER" for e in rows["allreduce.grp.0"])
     # start_timeline() replaced the HPCVOD_TIMELINE one (completing it) and stop_timeline() completed its own
     api_rows = timeline_rows(api_timeline)
-    assert set(api_rows) == {"timeline.api.tensor"}, sorted(api_rows)
+    assert set(api_rows) == {"allreduce.timeline.api.tensor"}, sorted(api_rows)
 
 
 def test_without_fusion_and_without_the_response_cache(mpi, tmp_path: Path) -> None:

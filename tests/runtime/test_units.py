@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from hpcvod.runtime import errors
+from hpcvod.runtime import handles as K
 from hpcvod.runtime.compression import Compression
 from hpcvod.runtime.config import Settings
+from hpcvod.runtime.handles import Handle, Signature
 from hpcvod.runtime.timeline import Timeline, open_timeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,18 +74,28 @@ def test_import_does_not_start_mpi_and_calls_before_init_fail_clearly() -> None:
 def test_timeline_is_valid_chrome_trace_json(tmp_path: Path) -> None:
     path = tmp_path / "tl.json"   # its folder must exist: the timeline creates none (test_timeline_failures.py)
     tl = Timeline(str(path), rank=0, mark_cycles=True)
-    tl.span("grad.w", "NEGOTIATE", 1.0, 1.5)
-    tl.spans(["grad.w", "grad.b"], "MPI_ALLREDUCE", 1.5, 1.75, {"fused": 2})
+    w = Handle("grad.w", K.ALLREDUCE, Signature(K.ALLREDUCE), np.zeros((2, 3), np.float32))
+    b = Handle("allreduce.grad.b", K.ALLREDUCE, Signature(K.ALLREDUCE), np.zeros(3, np.float32))
+    tl.negotiated([w, b], 1.0, 1.5)
+    tl.spans(["grad.w", "allreduce.grad.b"], "MPI_ALLREDUCE", 1.5, 1.75, {"fused": 2})
+    tl.executed([w, b], 1.8)
     tl.cycle_mark(1.2)
     tl.close()
     events = json.loads(path.read_text())
-    rows = {e["args"]["name"]: e["tid"] for e in events if e.get("name") == "thread_name"}
-    assert set(rows) == {"grad.w", "grad.b"}
-    spans = [e for e in events if e.get("ph") == "X"]
-    assert [(e["name"], e["tid"]) for e in spans] == [("NEGOTIATE", rows["grad.w"]), ("MPI_ALLREDUCE", rows["grad.w"]),
-                                                      ("MPI_ALLREDUCE", rows["grad.b"])]
-    assert spans[1]["dur"] == pytest.approx(250000.0) and spans[1]["args"] == {"fused": 2}
-    assert any(e.get("ph") == "i" for e in events)
+    header = events[0]
+    assert header["pid"] == 0 and header["args"]["rank"] == 0 and "start_time_since_epoch_in_micros" in header["args"]
+    rows = {e["args"]["name"]: e["pid"] for e in events if e.get("name") == "process_name" and e["pid"]}
+    # Horovod's row names: <op>.<name>; a name that already has the prefix keeps it
+    assert set(rows) == {"allreduce.grad.w", "allreduce.grad.b"}
+    row_w = [(e["ph"], e.get("name")) for e in events if e.get("pid") == rows["allreduce.grad.w"] and e["ph"] != "M"]
+    assert row_w == [("B", "NEGOTIATE_ALLREDUCE"), ("E", None), ("B", "ALLREDUCE"), ("B", "MPI_ALLREDUCE"),
+                     ("E", None), ("E", None)]
+    mpi = next(e for e in events if e.get("name") == "MPI_ALLREDUCE")
+    assert mpi["args"] == {"fused": 2}
+    end = [e for e in events if e.get("pid") == rows["allreduce.grad.w"] and e["ph"] == "E"][-1]
+    assert end["ts"] - mpi["ts"] == pytest.approx(300000.0) and end["args"] == {"dtype": "float32", "shape": "[2, 3]"}
+    assert [e for e in events if e["ph"] == "i"] == [{"name": "CYCLE_START", "ph": "i", "ts": pytest.approx(
+        (1.2 - tl._origin) * 1e6, abs=1e-3), "pid": 0, "s": "g"}]
 
 
 def test_timeline_goes_to_rank_0_unless_the_path_names_the_rank(tmp_path: Path) -> None:

@@ -79,20 +79,21 @@ def test_summary_of_a_real_two_rank_timeline(timelines: list[Path], tmp_path: Pa
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("timeline of 2 rank(s) from 2 file(s): ")
     top = table(done.stdout, "TENSOR")
-    assert top[0][:4] == ["loss", "MPI_ALLREDUCE", "10", "2"], top        # 5 calls on each of 2 ranks
-    names = [row[0] for row in top]
-    assert {"grad.0", "grad.1", "grad.2", "bias.0", "bias.3", "weights", "metrics"} <= set(names), names
+    assert top[0][:4] == ["allreduce.loss", "MPI_ALLREDUCE", "10", "2"], top   # 5 calls on each of 2 ranks
+    names = [row[0] for row in top]   # Horovod's row names: <op>.<name>
+    assert {"allreduce.grad.0", "allreduce.grad.1", "allreduce.grad.2", "allreduce.bias.0", "allreduce.bias.3",
+            "broadcast.weights", "allgather.metrics"} <= set(names), names
     operations = {row[0]: row[1] for row in top}
-    assert operations["weights"] == "MPI_BCAST" and operations["metrics"] == "MPI_ALLGATHERV"
+    assert operations["broadcast.weights"] == "MPI_BCAST" and operations["allgather.metrics"] == "MPI_ALLGATHERV"
     ranks = {row[0]: row for row in table(done.stdout, "RANK  EVENTS")}
     assert set(ranks) == {"0", "1"}
     assert ranks["0"][-1] == "1" and ranks["1"][-1] == "0"                  # the stall is rank 0's
     assert float(ranks["0"][3]) > float(ranks["1"][3])                      # it negotiated longer
     stalls = table(done.stdout, "RANK  TENSOR")
-    assert [s[:2] for s in stalls] == [["0", "loss"]], stalls
+    assert [s[:2] for s in stalls] == [["0", "allreduce.loss"]], stalls
 
     summary = timeline_summary.summarise(list(map(str, timelines)), 100e3, 1 << 30)
-    fused = summary.tensors["bias.0"]
+    fused = summary.tensors["allreduce.bias.0"]
     assert fused.micros["memcpy"] > 0 and fused.calls == 10               # fused with bias.1-3: memcpy in and out
     assert summary.ignored == 0 and summary.notes == []
 
@@ -106,11 +107,11 @@ def test_picture_has_axes_title_and_legend(timelines: list[Path], tmp_path: Path
     assert fig.get_suptitle() == "hpcvod timeline summary: tl.0.json, tl.1.json"
     assert top.get_title() == "top 10 of 10 collectives by time" and top.get_ylabel() == "tensor"
     assert top.get_xlabel() == "time (s), summed over calls and ranks"
-    assert [t.get_text() for t in top.get_yticklabels()][-1] == "loss"     # the longest at the top
+    assert [t.get_text() for t in top.get_yticklabels()][-1] == "allreduce.loss"   # the longest at the top
     assert ranks.get_xlabel() == "time (s), overlapping spans counted once" and ranks.get_ylabel() == "rank"
     assert [t.get_text() for t in ranks.get_yticklabels()] == ["rank 0", "rank 1"]
     assert line.get_xlabel() == "time (s) since the rank's timeline started (each rank has its own clock)"
-    assert [t.get_text() for t in line.texts] == [f"stall: loss, {summary.stalls[0].micros / 1e3:.0f} ms"]
+    assert [t.get_text() for t in line.texts] == [f"stall: allreduce.loss, {summary.stalls[0].micros / 1e3:.0f} ms"]
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == ["negotiate", "queue", "memcpy", "transfer",
                                                           "stall (a negotiation of 100 ms or more)"]
@@ -132,7 +133,7 @@ def test_a_timeline_cut_off_mid_run_is_read_to_its_last_complete_event(timelines
     events = text[:cut].count("\n{")                     # values begun before the cut, the half one included
     assert done.stderr == (f"hpcvod: note: cut.json: ends inside value {events} (a timeline cut off mid-run?): "
                            f"summarised the {events - 1} complete values before it\n")
-    assert "MPI_BCAST" not in done.stdout and "metrics" not in done.stdout and "loss" in done.stdout
+    assert "MPI_BCAST" not in done.stdout and "metrics" not in done.stdout and "allreduce.loss" in done.stdout
     # cut between two events (the runtime flushed, then the job was killed): no "]"
     at_boundary = text[:text.rindex(",\n{")]
     (tmp_path / "open.json").write_text(at_boundary)
