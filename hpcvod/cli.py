@@ -240,7 +240,7 @@ def _data_service_spec(args: argparse.Namespace):  # -> DataServiceSpec | None
 
 
 def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.jobs.submission import prepare
     from hpcvod.schedulers import profile_options
     from hpcvod.sites.loader import discover_site
@@ -262,7 +262,7 @@ def _site_job_mpi(site) -> tuple[str | None, str]:
     import dataclasses
     import tempfile
 
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.jobs.plan import resolve
     from hpcvod.jobs.spec import JobSpec
 
@@ -335,15 +335,16 @@ def _job_ref(job: str, site_name: str | None = None):
         return ref
     if os.sep in job:
         raise UserError(f"JOB {job!r}: no such job folder")
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.schedulers import profile_options, scheduler_for
     from hpcvod.sites.loader import discover_site
 
     site = discover_site(site_name, detect_host().hostname, schedulers=profile_options())
-    if site.profile.scheduler == "local" and not job.startswith("local-"):
+    scheduler = scheduler_for(site)
+    if scheduler.single_host and not scheduler.job_id_pattern.fullmatch(job):  # its jobs are this machine's only
         raise UserError(f"JOB {job!r}: no job folder records this id under {', '.join(map(str, _roots()))} "
                         "(give the job folder, or run this where you submitted)")
-    scheduler_for(site).check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option
+    scheduler.check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option
     return JobRef(job_id=job, scheduler=site.profile.scheduler, site=site.name, site_source=site.source, job_dir=None)
 
 
@@ -562,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return summary_command(args)
         if args.command == "doctor":
-            from hpcvod.launchers.doctor import doctor
+            from hpcvod.machine.doctor import doctor
             from hpcvod.schedulers import profile_options
             from hpcvod.sites.loader import discover_site
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from hpcvod.launchers.shell import safe_name
+from hpcvod.support.shell import safe_name
 from hpcvod.schedulers.jobfiles import (RECORD_FILE, job_modes, json_kind, open_job_file, read_json,
                                        write_job_file)
 from hpcvod.support.errors import UserError

@@ -18,8 +18,8 @@ from hpcvod import __version__
 from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, check_env_name, parse_time
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
-from hpcvod.launchers.host import HostFacts
-from hpcvod.launchers.shell import ENV_KEY, Verbatim, safe_name
+from hpcvod.machine.host import HostFacts
+from hpcvod.support.shell import ENV_KEY, Verbatim, safe_name
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import Scheduler, apply_directive_overrides
 from hpcvod.support.errors import UserError

@@ -37,7 +37,7 @@ from hpcvod.jobs.spec import DATA_SERVICE_OPTIONS, JobSpec, data_service_spec
 from hpcvod.jobs.submission import (cancel_job, job_status, job_world_size, prepare, refuse_another_mpi,
                                     submit_prepared)
 from hpcvod.jobs.watch import wait_for
-from hpcvod.launchers.host import detect_host
+from hpcvod.machine.host import detect_host
 from hpcvod.schedulers import profile_options
 from hpcvod.schedulers.base import COMPLETED, OUTPUT_FILE, TERMINAL
 from hpcvod.schedulers.jobfiles import job_modes, open_job_file

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcvod.jobs.plan import LaunchPlan
-from hpcvod.launchers.shell import Verbatim, shell_quote
+from hpcvod.support.shell import Verbatim, shell_quote
 from hpcvod.schedulers.base import DATA_SERVICE_CONFIG, DATA_SERVICE_LOG
 from hpcvod.schedulers.jobfiles import job_modes
 from hpcvod.support.errors import UserError

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from hpcvod.runtime.sitecheck import MIB
 from hpcvod.support.errors import UserError
+from hpcvod.support.files import open_regular
 
 
 def parse_model_mib(text: str) -> tuple[float, ...]:
@@ -34,26 +35,30 @@ def model_gradient_mib(path: str) -> tuple[float, int]:
     """``--model PATH``: (MiB, parameters) of the floating-point tensors of a saved torch model, the gradient an
     allreduce carries each step. Reads a state_dict (``torch.save(model.state_dict())``), a checkpoint dict holding
     one under state_dict/model_state_dict/model, or a TorchScript file; never unpickles a whole module (that runs
-    its code). torch is imported here only: the rest of the submission side does not need it."""
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"--model {path}: no such file")
+    its code). A regular file only (a FIFO would block, /dev/zero never end), read through one open descriptor.
+    torch is imported here only: the rest of the submission side does not need it."""
     try:
-        import torch
-    except ImportError:
-        raise UserError(f"--model {path}: reading a torch model needs torch in this Python; give its size with "
-                        f"--model-mib instead") from None
-    tensors = _torchscript_parameters(torch, file)
-    if tensors is None:
+        file = open_regular(Path(path), "the --model file")
+    except FileNotFoundError:
+        raise UserError(f"--model {path}: no such file") from None
+    with file:
         try:
-            data = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as err:  # a pickled module (weights_only refuses its classes) or not a torch file at all
-            unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-            what = (f"a pickled {unsafe.group(1)}, which this check does not unpickle (it would run its code); "
-                    f"save model.state_dict() or a TorchScript file instead" if unsafe
-                    else f"not a torch file ({type(err).__name__})")
-            raise UserError(f"--model {path}: {what}") from None
-        tensors = _state_tensors(torch, data, path)
+            import torch
+        except ImportError:
+            raise UserError(f"--model {path}: reading a torch model needs torch in this Python; give its size with "
+                            f"--model-mib instead") from None
+        tensors = _torchscript_parameters(torch, file, path)
+        if tensors is None:
+            file.seek(0)
+            try:
+                data = torch.load(file, map_location="cpu", weights_only=True)
+            except Exception as err:  # a pickled module (weights_only refuses its classes) or not a torch file
+                unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+                what = (f"a pickled {unsafe.group(1)}, which this check does not unpickle (it would run its code); "
+                        f"save model.state_dict() or a TorchScript file instead" if unsafe
+                        else f"not a torch file ({type(err).__name__})")
+                raise UserError(f"--model {path}: {what}") from None
+            tensors = _state_tensors(torch, data, path)
     floats = [t for t in tensors if t.is_floating_point()]
     if not floats:
         raise UserError(f"--model {path}: no floating-point tensors in it (expected a model's parameters)")
@@ -61,16 +66,25 @@ def model_gradient_mib(path: str) -> tuple[float, int]:
     return nbytes / MIB, sum(t.numel() for t in floats)
 
 
-def _torchscript_parameters(torch: Any, file: Path) -> Optional[list]:
-    """A TorchScript archive's parameters (a zip with a code/ folder), or None for any other file."""
+def _torchscript_parameters(torch: Any, file: BinaryIO, path: str) -> list | None:
+    """A TorchScript archive's parameters (a zip with a code/ folder), or None for any other file; a zip with
+    code/ that TorchScript cannot load is a UserError (it was a torch traceback)."""
     import zipfile
 
-    if not zipfile.is_zipfile(file):
+    try:
+        with zipfile.ZipFile(file) as archive:
+            if not any(name.split("/", 1)[-1].startswith("code/") for name in archive.namelist()):
+                return None
+    except zipfile.BadZipFile:   # not a zip, or a damaged one: torch.load then says it is no torch file
         return None
-    with zipfile.ZipFile(file) as archive:
-        if not any(name.split("/", 1)[-1].startswith("code/") for name in archive.namelist()):
-            return None
-    return list(torch.jit.load(str(file), map_location="cpu").parameters())
+    file.seek(0)
+    try:
+        return list(torch.jit.load(file, map_location="cpu").parameters())
+    except Exception as err:   # torch raises RuntimeError and others, with many lines of C++ context
+        first = (str(err).strip().splitlines() or [""])[0][:120]
+        raise UserError(f"--model {path}: a zip holding code/ but not a TorchScript file torch can load "
+                        f"({type(err).__name__}: {first}); expected a state_dict, a checkpoint or a TorchScript "
+                        f"file (torch.jit.save)") from None
 
 
 def _state_tensors(torch: Any, data: Any, path: str) -> list:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from hpcvod.jobs.plots import BANDWIDTH, LATENCY, PROJECTION, TITLES, draw_site_plots, report_html
 from hpcvod.jobs.scaling import (model_check, model_gradient_mib, parse_model_mib, projection, render_model_check,
                                  render_projection)
+from hpcvod.schedulers import scheduler_class
 from hpcvod.runtime.sitecheck import ENDED_IN_MPI, LINKS_FILE, MIB, RECORDS_DIR
 from hpcvod.support.errors import UserError
 from hpcvod.sites.loader import Site
@@ -77,7 +78,7 @@ def default_request(site: Site, nodes: Optional[int], gpus_per_node: Optional[in
         raise UserError(f"--partition {name!r}: site {site.name} has {', '.join(profile.partitions)}")
     part = profile.partitions[name]
     if nodes is None:
-        nodes = 1 if profile.scheduler == "local" or part.max_nodes == 1 else 2
+        nodes = 1 if scheduler_class(profile.scheduler).single_host or part.max_nodes == 1 else 2
     if nodes < 1:
         raise UserError(f"--nodes {nodes}: expected an integer >= 1")
     unknown = [f for f in frameworks if f not in KNOWN_FRAMEWORKS]
@@ -112,7 +113,7 @@ def prepare_check(site: Site, request: Request) -> "Prepared":
     check's worker, so it gets the profile's template, launcher line, modules and setup as a user's job does."""
     from hpcvod.jobs.spec import JobSpec
     from hpcvod.jobs.submission import prepare
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
 
     payload = {"env_expect": expected_env(site), "frameworks": list(request.frameworks),
                "max_bytes": (4 if request.quick else 256) * MIB, "gpus_per_node": request.gpus_per_node}
@@ -697,7 +698,7 @@ def check_command(args: Any) -> int:
     import sys
 
     from hpcvod.jobs.jobdir import default_roots
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.schedulers import profile_options
     from hpcvod.sites.loader import discover_site
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hpcvod.launchers.shell import ENV_KEY, parse_env
+from hpcvod.support.shell import ENV_KEY, parse_env
 from hpcvod.support.errors import UserError
 from hpcvod.sites.joboptions import JobOptions
 

@@ -14,7 +14,7 @@ from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, open_new_job_d
 from hpcvod.jobs.plan import LaunchPlan, resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.launchers.host import HostFacts
+from hpcvod.machine.host import HostFacts
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
                                     read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)
@@ -202,7 +202,7 @@ def job_mpi_check(plan: LaunchPlan) -> tuple[str | None, str]:
     """(a one-line refusal or None, the comparison as `doctor` shows it): the MPI the job's Python loads with the
     job's environment against the site's flavour, checked before anything is queued."""
     from hpcvod.launchers import without_outer_launch
-    from hpcvod.launchers.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
+    from hpcvod.machine.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
 
     promised = f"site {plan.site} launches {FLAVOUR_NAMES.get(plan.mpi_flavour, plan.mpi_flavour)}"
     why_not = unknowable(plan.container, plan.modules, plan.setup)

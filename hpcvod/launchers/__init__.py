@@ -2,86 +2,48 @@
 
 A launcher turns a ``LaunchRequest`` into the words of the launch line and the environment the launcher
 itself needs: ``srun`` (Slurm, with its --mpi= plugin), Open MPI's ``mpirun``, and the Hydra ``mpiexec`` of
-MPICH and Intel MPI. ``launcher_for(kind, flavour)`` picks one; ``flavour.detect_mpi()`` finds the local MPI.
+MPICH and Intel MPI. Each is one module of this package registered with ``base.register`` and found here
+(``all_launchers()``); ``launcher_for(kind, flavour)`` picks the one a profile's ``launcher.kind`` and MPI
+flavour name, and ``launcher_kinds()`` are the choices of that key. ``label`` is the rank's line labeller that
+every launch line runs (``python -m hpcvod.launchers.label``), not a launcher.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+import importlib
+import pkgutil
 
-from hpcvod.launchers.shell import Verbatim
+from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, label_argv, registered, without_outer_launch
 
-
-# Variables of an enclosing MPI launch: a launch started from inside an MPI rank must not inherit them, or its
-# own mpiexec would join the outer world instead of starting a new one.
-_OUTER_LAUNCH_VARS = frozenset({
-    "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "PMI_JOBID", "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI", "PMIX_SERVER_URI2", "PMIX_SERVER_URI3",
-    "PMIX_SERVER_URI4", "PMIX_SERVER_URI21", "PMIX_SERVER_URI41", "PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR",
-    "PMIX_ID"})
-_OUTER_LAUNCH_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "HYDI_", "HYDRA_")
+_NOT_LAUNCHERS = {"base", "label", "run"}  # run: `hpcvod run`, a command (moves to the CLI)
 
 
-def without_outer_launch(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment minus the variables of an MPI launch we might be running inside of."""
-    return {k: v for k, v in environ.items() if k not in _OUTER_LAUNCH_VARS and not k.startswith(_OUTER_LAUNCH_PREFIXES)}
+def all_launchers() -> dict[str, type[Launcher]]:
+    """Every launcher of this package, by name: each module of the folder is imported once and registers its own."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name not in _NOT_LAUNCHERS:
+            importlib.import_module(f"{__name__}.{module.name}")
+    return registered()
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
-    """Everything a launcher needs to know, whoever asks (a rendered script or ``hpcvod run``)."""
-
-    executable: str  # srun, or the path/name of mpirun/mpiexec
-    world_size: int
-    nodes: int = 1
-    tasks_per_node: int = 1  # 0: as the host list's slots say (hpcvod run -H h1:2,h2:4)
-    cpus_per_task: int = 1
-    mpi_plugin: str | None = None  # srun --mpi=
-    pmi_library: str | None = None  # Intel MPI under srun: I_MPI_PMI_LIBRARY
-    hostfile: str | None = None  # a path, or Verbatim('"$PBS_NODEFILE"')
-    hosts: str | None = None  # h1:2,h2:2 (hpcvod run -H)
-    single_host: bool = False  # everything on this machine (local site, hpcvod run without hosts)
-    forward_env: Sequence[str] = ()  # variables the ranks must see on every node
-    is_root: bool = False
-    extra_args: Sequence[str] = ()
-    srun_container_args: Sequence[str] = ()  # pyxis options (srun only)
-    het_group: int | None = None  # srun --het-group=N: the component of a Slurm heterogeneous job (srun only)
+def launcher_kinds() -> list[str]:
+    """The values a profile's ``launcher.kind`` may take: the kinds the registered launchers answer to."""
+    return sorted({kind for cls in all_launchers().values() for kind in cls.kinds})
 
 
-@dataclass(frozen=True)
-class LaunchLine:
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-
-
-class Launcher:
-    name: str = ""
-
-    def line(self, req: LaunchRequest) -> LaunchLine:
-        raise NotImplementedError
-
-
-def label_argv(python: str) -> list[str]:
-    """The words that run a rank's program through the line labeller (hpcvod.launchers.label), by ``python``,
-    which must import hpcvod: every line the program prints reaches the launcher as ``[RANK]<stdout>: ...`` or
-    ``[RANK]<stderr>: ...``. They go between the launcher's words and the program's."""
-    return [python, "-m", "hpcvod.launchers.label", "--"]
+def launchers_of_kind(kind: str) -> list[type[Launcher]]:
+    """The registered launchers that answer to ``kind`` (several where the MPI flavour decides)."""
+    return [cls for _, cls in sorted(all_launchers().items()) if kind in cls.kinds]
 
 
 def launcher_for(kind: str, flavour: str) -> Launcher:
-    """srun for kind 'srun'; otherwise the MPI's own launcher (mpirun and mpiexec are the same program)."""
-    if kind == "srun":
-        from hpcvod.launchers.srun import SrunLauncher
-
-        return SrunLauncher(flavour)
-    if flavour == "openmpi":
-        from hpcvod.launchers.openmpi import OpenMpiLauncher
-
-        return OpenMpiLauncher()
-    from hpcvod.launchers.hydra import HydraLauncher
-
-    return HydraLauncher(flavour)
+    """The launcher of ``kind`` that starts ``flavour``'s ranks (srun for any; mpirun and mpiexec are the MPI's
+    own program: Open MPI's, or Hydra's for MPICH and Intel MPI)."""
+    for cls in launchers_of_kind(kind):
+        if flavour in cls.flavours:
+            return cls(flavour)
+    raise KeyError(f"no launcher of kind {kind!r} for MPI flavour {flavour!r}")  # the profile schema lets none through
 
 
-__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "label_argv", "launcher_for", "without_outer_launch", "Verbatim"]
+__all__ = ["LaunchRequest", "LaunchLine", "Launcher", "all_launchers", "label_argv", "launcher_for", "launcher_kinds",
+           "launchers_of_kind", "without_outer_launch"]

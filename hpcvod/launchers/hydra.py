@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from hpcvod.launchers import LaunchLine, Launcher, LaunchRequest
+from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, register
 
 
+@register
 class HydraLauncher(Launcher):
     name = "hydra"
-
-    def __init__(self, flavour: str) -> None:
-        self.flavour = flavour
+    kinds = ("mpirun", "mpiexec")
+    flavours = frozenset({"mpich", "intelmpi"})
 
     def line(self, req: LaunchRequest) -> LaunchLine:
         argv = [req.executable or "mpiexec", "-n", str(req.world_size)]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from hpcvod.launchers import LaunchLine, Launcher, LaunchRequest
+from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, register
 
 
+@register
 class OpenMpiLauncher(Launcher):
     name = "openmpi"
+    kinds = ("mpirun", "mpiexec")
+    flavours = frozenset({"openmpi"})
 
     def line(self, req: LaunchRequest) -> LaunchLine:
         argv = [req.executable or "mpirun", "-n", str(req.world_size)]

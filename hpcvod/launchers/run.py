@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 
 from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
-from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
-from hpcvod.launchers.shell import parse_env, shell_join
+from hpcvod.machine.flavour import MpiNotFound, detect_mpi
+from hpcvod.support.shell import parse_env, shell_join
 from hpcvod.support.errors import UserError
 from hpcvod.support.files import read_text_bounded
 

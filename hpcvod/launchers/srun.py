@@ -1,15 +1,17 @@
-"""srun: Slurm starts the ranks itself; the --mpi= plugin must match the MPI (FACTS: a wrong one is silent)."""
+"""srun: Slurm starts the ranks itself; the --mpi= plugin must match the MPI (a wrong one starts N one-rank worlds without a word: docs/sites.md)."""
 
 from __future__ import annotations
 
-from hpcvod.launchers import LaunchLine, Launcher, LaunchRequest
+from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, register
 
 
+@register
 class SrunLauncher(Launcher):
     name = "srun"
-
-    def __init__(self, flavour: str) -> None:
-        self.flavour = flavour
+    kinds = ("srun",)
+    local_mpi = False  # Slurm starts the ranks: the site names the flavour
+    scheduler_own = True
+    het_groups = True
 
     def line(self, req: LaunchRequest) -> LaunchLine:
         argv = [req.executable or "srun"]

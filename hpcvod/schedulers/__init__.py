@@ -32,9 +32,10 @@ def scheduler_class(name: str) -> "type[Scheduler]":
     return module.SCHEDULER
 
 
-def profile_options() -> dict[str, type]:
-    """What hpcvod.sites is handed to validate a profile: each scheduler's name -> its Options dataclass."""
-    return {name: scheduler_class(name).Options for name in available_schedulers()}
+def profile_options() -> "dict[str, type[Scheduler]]":
+    """What hpcvod.sites is handed to validate a profile: each scheduler's name -> its class, which answers
+    hpcvod.sites' SchedulerTraits (its Options dataclass, single_host, launcher_kinds())."""
+    return {name: scheduler_class(name) for name in available_schedulers()}
 
 
 def scheduler_for(site: "Site") -> "Scheduler":

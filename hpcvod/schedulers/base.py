@@ -129,6 +129,8 @@ class Scheduler:
     # one machine (local: no hosts, and the node's CPU count is no limit).
     hostfile: ClassVar[str | None] = None
     single_host: ClassVar[bool] = False
+    # The batch system's own launcher kind (Slurm: srun), which no other scheduler's jobs can use.
+    own_launcher: ClassVar[str | None] = None
     # A job with a tf.data service compute job (submit --data-service-nodes; docs/data-service.md): how its two
     # parts get their nodes. "components": one heterogeneous job, each part launched in its own component
     # (srun --het-group=0 the compute part, 1 the training); "hostfiles": one job whose host list the script
@@ -137,6 +139,15 @@ class Scheduler:
     data_service_layout: ClassVar[str | None] = None
     data_service_refusal: ClassVar[str] = ""
     part_hostfiles: ClassVar[tuple[str, str] | None] = None
+
+    @classmethod
+    def launcher_kinds(cls) -> list[str]:
+        """The profile ``launcher.kind`` values that start ranks in this scheduler's jobs: every registered
+        launcher's, except a batch system's own launcher (srun) under any other scheduler."""
+        from hpcvod.launchers import all_launchers
+
+        return sorted({kind for launcher in all_launchers().values() for kind in launcher.kinds
+                       if not launcher.scheduler_own or kind == cls.own_launcher})
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

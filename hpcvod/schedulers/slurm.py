@@ -111,6 +111,7 @@ class SlurmScheduler(Scheduler):
     array_index_var = "SLURM_ARRAY_TASK_ID"
     array_output = "output.%a.log"  # %a: the array task's index
 
+    own_launcher = "srun"
     data_service_layout = "components"
 
     def directives(self, plan: JobRequest) -> list[str]:

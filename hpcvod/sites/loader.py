@@ -12,12 +12,9 @@ import yaml
 
 from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.support.files import read_text_bounded
-from hpcvod.sites.profile import SCHEDULERS, SiteProfile, check_profile
+from hpcvod.sites.profile import Schedulers, SiteProfile, check_profile, choices
 from hpcvod.sites.spec import check_keys, from_data
 
-# What a caller hands the loader about the scheduler modules (which live above this package): each scheduler's
-# name -> the dataclass of its ``scheduler_options`` (hpcvod.schedulers.profile_options() gives the shipped ones).
-SchedulerOptions = Mapping[str, type]
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NOT_INHERITED = ("hostnames",)  # a profile that extends another does not claim the other's login nodes
@@ -230,20 +227,16 @@ def _where(path: Path, key_path: tuple) -> str:
     return f"{path}:{line}" if line else str(path)
 
 
-def _choices(schedulers: SchedulerOptions) -> dict[str, list[str]]:
-    return {SCHEDULERS.key: sorted(schedulers)}
-
-
 def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ, *,
-                   schedulers: SchedulerOptions) -> Site:
+                   schedulers: Schedulers) -> Site:
     """Load, merge and validate one profile file against the ``schedulers`` it is handed; every problem is a
     one-line UserError."""
     path = Path(path)
     data, contributors = _data_with_bases(path, (), environ)
     try:
-        profile = from_data(SiteProfile, data, choices=_choices(schedulers))
-        check_profile(profile)
-        options = from_data(schedulers[profile.scheduler], data.get("scheduler_options") or {},
+        profile = from_data(SiteProfile, data, choices=choices(schedulers))
+        check_profile(profile, schedulers)
+        options = from_data(schedulers[profile.scheduler].Options, data.get("scheduler_options") or {},
                             ("scheduler_options",))
     except ProfileError as err:
         # name the file (and line) that holds the offending key: the profile itself or one of its bases
@@ -252,12 +245,12 @@ def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ, *,
     return Site(name=path.stem, source=str(path), profile=profile, scheduler_options=options, data=data)
 
 
-def check_base_file(path: str | Path, *, schedulers: SchedulerOptions) -> None:
+def check_base_file(path: str | Path, *, schedulers: Schedulers) -> None:
     """Validate a base profile (one that others extend) key by key; required keys may be missing."""
     path = Path(path)
     data = _read_yaml(path)
     try:
-        check_keys(SiteProfile, data, choices=_choices(schedulers))
+        check_keys(SiteProfile, data, choices=choices(schedulers))
     except ProfileError as err:
         raise err.located(_where(path, err.key_path)) from None
 
@@ -273,7 +266,7 @@ def _unknown_site(name: str, origin: str, environ: Mapping[str, str]) -> UserErr
 
 
 def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ, *,
-              schedulers: SchedulerOptions) -> Site:
+              schedulers: Schedulers) -> Site:
     """A profile by name (looked up in the search folders) or by path."""
     if not name_or_path.strip():
         raise UserError(f"empty site name ({origin})")
@@ -300,7 +293,7 @@ def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Pat
 
 
 def discover_site(requested: str | None, hostname: str, environ: Mapping[str, str] = os.environ, *,
-                  schedulers: SchedulerOptions) -> Site:
+                  schedulers: Schedulers) -> Site:
     """The site a command uses: --site, then $HPCVOD_SITE, then a profile claiming this hostname, then local."""
     if requested:
         return load_site(requested, "--site", environ, schedulers=schedulers)

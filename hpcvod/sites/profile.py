@@ -6,7 +6,7 @@ generated from these dataclasses; add or change a key here and nowhere else.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Protocol, Sequence, Union
 
 from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.sites.joboptions import JobDefaults, check_job_options
@@ -19,8 +19,34 @@ EnvMap = dict[Annotated[str, ENV_NAME], EnvValue]
 Line = Annotated[str, ONE_LINE]
 Flavour = Literal["openmpi", "intelmpi", "mpich"]
 AUTO = "auto"
-# The scheduler modules live above this package: whoever validates a profile hands their names over under this key.
+# The scheduler and launcher modules live above this package: whoever validates a profile hands their names over
+# under these keys (``choices(schedulers)``).
 SCHEDULERS = Choices("scheduler")
+LAUNCHER_KINDS = Choices("launcher kind")
+
+
+class SchedulerTraits(Protocol):
+    """What a profile's validation reads of a scheduler (hpcvod.schedulers.base.Scheduler has it all)."""
+
+    Options: type  # the dataclass of the profile's ``scheduler_options``
+    single_host: bool  # every rank runs on this machine: the only scheduler 'auto' resources fit
+
+    def launcher_kinds(self) -> Sequence[str]:
+        """The ``launcher.kind`` values that can start ranks in this scheduler's allocations."""
+        ...
+
+
+Schedulers = Mapping[str, SchedulerTraits]  # name -> the scheduler's class (hpcvod.schedulers.profile_options())
+
+
+def choices(schedulers: Schedulers) -> dict[str, list[str]]:
+    """The sets the profile format leaves to its caller: the scheduler names and every launcher kind."""
+    kinds = {kind for traits in schedulers.values() for kind in traits.launcher_kinds()}
+    return {SCHEDULERS.key: sorted(schedulers), LAUNCHER_KINDS.key: sorted(kinds)}
+
+
+def _either(names: Sequence[str]) -> str:
+    return " or ".join(repr(name) for name in names)
 
 
 @dataclass(frozen=True)
@@ -48,7 +74,7 @@ class Partition:
 class Launcher:
     """How the ranks are started inside the allocation (kept apart from how resources are requested)."""
 
-    kind: Literal["srun", "mpirun", "mpiexec"] = doc(
+    kind: Annotated[str, LAUNCHER_KINDS] = doc(
         "srun (Slurm's launcher, needs mpi_plugin), mpirun or mpiexec (the MPI library's own launcher)")
     mpi_plugin: Optional[Literal["pmix", "pmi2", "pmi", "none"]] = doc(
         "srun --mpi=PLUGIN; must match the MPI (Open MPI 5: pmix; MPICH/Intel MPI: pmi2). A wrong one starts "
@@ -152,17 +178,20 @@ class SiteProfile:
         "options of the scheduler module (see docs/sites.md: slurm, pbs, local)", factory=dict)
 
 
-def check_profile(profile: SiteProfile) -> None:
-    """Rules that tie keys together (the schema checks each key alone)."""
+def check_profile(profile: SiteProfile, schedulers: Schedulers) -> None:
+    """Rules that tie keys together (the schema checks each key alone), with what ``schedulers`` say they can."""
     if not profile.partitions:
         raise ProfileError(("partitions",), "expected at least one partition")
     if profile.default_partition is not None and profile.default_partition not in profile.partitions:
         raise ProfileError(("default_partition",),
                            f"{profile.default_partition!r} is not one of the partitions: {', '.join(profile.partitions)}")
     launcher = profile.launcher
+    traits = schedulers[profile.scheduler]
+    if launcher.kind not in traits.launcher_kinds():
+        fits = [name for name, other in sorted(schedulers.items()) if launcher.kind in other.launcher_kinds()]
+        raise ProfileError(("launcher", "kind"), f"{launcher.kind} needs scheduler {_either(fits)}, "
+                           f"not {profile.scheduler!r}")
     if launcher.kind == "srun":
-        if profile.scheduler != "slurm":
-            raise ProfileError(("launcher", "kind"), f"srun needs scheduler 'slurm', not {profile.scheduler!r}")
         if launcher.mpi_plugin is None:
             raise ProfileError(("launcher", "mpi_plugin"),
                                "missing: srun needs --mpi=PLUGIN (pmix for Open MPI 5, pmi2 for MPICH/Intel MPI)")
@@ -177,9 +206,10 @@ def check_profile(profile: SiteProfile) -> None:
         raise ProfileError(("container", "runtime"), "pyxis runs through srun: it needs launcher.kind 'srun'")
     for name, part in profile.partitions.items():
         for key in ("cpus_per_node", "gpus_per_node"):
-            if getattr(part, key) == AUTO and profile.scheduler != "local":
+            if getattr(part, key) == AUTO and not traits.single_host:
+                here = [name for name, other in sorted(schedulers.items()) if other.single_host]
                 raise ProfileError(("partitions", name, key),
-                                   "'auto' counts this machine's resources and only fits scheduler 'local'")
+                                   f"'auto' counts this machine's resources and only fits scheduler {_either(here)}")
         try:
             check_job_options(part.job_defaults)
         except UserError as err:

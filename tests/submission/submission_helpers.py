@@ -11,8 +11,8 @@ from functools import partial
 from pathlib import Path
 
 from hpcvod import sites
-from hpcvod.launchers.flavour import MpiInstall
-from hpcvod.launchers.host import HostFacts
+from hpcvod.machine.flavour import MpiInstall
+from hpcvod.machine.host import HostFacts
 from hpcvod.schedulers import profile_options
 
 HERE = Path(__file__).resolve().parent

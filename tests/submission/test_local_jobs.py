@@ -268,7 +268,7 @@ def test_cancel_right_after_submit_leaves_nothing_running(workdir, delay):
 @pytest.mark.mpi
 def test_cancel_in_the_same_instant_as_submit(workdir, monkeypatch):
     """In-process (the Python API's path): cancel can land while bash is forking the launcher."""
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.jobs.spec import JobSpec
     from hpcvod.jobs.submission import cancel_job, job_status, prepare, submit_prepared
     from submission_helpers import load_site

@@ -20,7 +20,7 @@ from hpcvod.jobs.jobdir import REQUEST_FILE
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.launchers.host import detect_host
+from hpcvod.machine.host import detect_host
 from hpcvod.schedulers import scheduler_for
 from hpcvod.schedulers.base import EXIT_FILE, OUTPUT_FILE
 from submission_helpers import NO_USER_CONFIG, clean_env, golden_host, hpcvod, load_site, one_error_line

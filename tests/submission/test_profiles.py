@@ -10,7 +10,7 @@ import yaml
 
 from hpcvod.sites import ProfileError, UserError, shipped_dir, site_files
 from hpcvod.sites.spec import field_docs
-from hpcvod.sites.profile import SCHEDULERS, SiteProfile
+from hpcvod.sites.profile import SiteProfile, choices
 from submission_helpers import NO_USER_CONFIG, SCHEDULER_OPTIONS, discover_site, load_site
 from submission_helpers import site_schema as schema
 
@@ -51,7 +51,7 @@ BAD_PROFILES = [
      "partitions.gpu.gpus_per_nod: unknown key; did you mean 'gpus_per_node'?"),
     ("wrong type", MINIMAL.replace("cpus_per_node: 8", "cpus_per_node: eight"),
      "partitions.gpu.cpus_per_node: expected an integer >= 1 or 'auto', got 'eight' (str)"),
-    ("bad enum", MINIMAL.replace("kind: srun", "kind: ssh"), "launcher.kind: expected one of 'srun', 'mpirun', 'mpiexec'"),
+    ("bad enum", MINIMAL.replace("kind: srun", "kind: ssh"), "launcher.kind: expected one of 'mpiexec', 'mpirun', 'srun'"),
     ("bad scheduler", MINIMAL.replace("scheduler: slurm", "scheduler: slurmm"), "did you mean 'slurm'?"),
     ("bad time", MINIMAL + "    max_time: 'two days'\n", "partitions.gpu.max_time: expected a time as [D-]HH:MM:SS"),
     ("missing key", MINIMAL.replace("mpi:\n  flavour: openmpi\n", ""), "mpi: missing required key"),
@@ -142,7 +142,7 @@ def test_base_files_are_hidden_but_extendable():
 
 
 def test_field_docs_cover_every_key():
-    rows = field_docs(SiteProfile, choices={SCHEDULERS.key: list(SCHEDULER_OPTIONS)})
+    rows = field_docs(SiteProfile, choices=choices(SCHEDULER_OPTIONS))
     keys = {r[0] for r in rows}
     assert {"scheduler", "partitions.<name>.gpus_per_node", "interconnect.gid_index", "container.runtime"} <= keys
     assert all(doc for _, _, doc in rows)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hpcvod.sites.loader import Site
 
 from hpcvod import __version__
-from hpcvod.launchers.flavour import MpiNotFound, detect_mpi
+from hpcvod.machine.flavour import MpiNotFound, detect_mpi
 
 PROBE_TIMEOUT = 180
 
@@ -139,7 +139,7 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]",
     stand beside the schedulers, whose options a profile is validated against, and do not import them).
     ``job_check(site)`` is submit's comparison of the MPI the job's Python loads with the site's flavour:
     (the refusal or None, the comparison)."""
-    from hpcvod.launchers.host import detect_host
+    from hpcvod.machine.host import detect_host
     from hpcvod.support.errors import UserError
 
     host = detect_host()

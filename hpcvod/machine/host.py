@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpcvod.launchers.flavour import MpiInstall, MpiNotFound, detect_mpi
+from hpcvod.machine.flavour import MpiInstall, MpiNotFound, detect_mpi
 from hpcvod.support.errors import UserError
 
 
