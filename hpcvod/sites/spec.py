@@ -172,11 +172,76 @@ def _got(value: Any) -> str:
 # ---- data -> instances -----------------------------------------------------------------------------------
 
 
-def from_data(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None) -> Any:
+def from_data(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None,
+              problems: list[ProfileError] | None = None) -> Any:
     """Build a ``cls`` instance from parsed YAML/JSON, raising ProfileError at the first problem. ``choices``
-    fills the format's ``Choices`` sets by key."""
-    with _choices(choices):
-        return _convert(cls, data, path)
+    fills the format's ``Choices`` sets by key. With a ``problems`` list, every problem is appended to it instead
+    (each key is checked, also after a bad one) and the result is None if there was any."""
+    with _choices(choices), _collecting(problems):
+        return _run_collecting(lambda: _convert(cls, data, path))
+
+
+# ---- every problem in one pass -----------------------------------------------------------------------------
+
+_FOUND: contextvars.ContextVar[list[ProfileError] | None] = contextvars.ContextVar("found", default=None)
+
+
+class _Reported(ProfileError):
+    """A value whose problems are already in the problems list: the parts above it fail without saying more."""
+
+
+@contextlib.contextmanager
+def _collecting(problems: list[ProfileError] | None) -> Iterator[None]:
+    token = _FOUND.set(problems)
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+def _run_collecting(convert: Any) -> Any:
+    """``convert()``; while collecting, a problem that escapes it is recorded and the answer is None."""
+    found = _FOUND.get()
+    if found is None:
+        return convert()
+    try:
+        return convert()
+    except _Reported:
+        return None
+    except ProfileError as err:
+        found.append(err)
+        return None
+
+
+class _Parts:
+    """The parts (keys, items) of one mapping or list: raises at the first problem, or, while collecting,
+    records each part's problem, goes on with the next part, and fails as a whole at the end (``done``)."""
+
+    def __init__(self) -> None:
+        self.found = _FOUND.get()
+        self.failed = False
+
+    def convert(self, convert: Any, *args: Any) -> Any:
+        if self.found is None:
+            return convert(*args)
+        try:
+            return convert(*args)
+        except _Reported:
+            pass
+        except ProfileError as err:
+            self.found.append(err)
+        self.failed = True
+        return None
+
+    def problem(self, err: ProfileError) -> None:
+        if self.found is None:
+            raise err
+        self.found.append(err)
+        self.failed = True
+
+    def done(self) -> None:
+        if self.failed:
+            raise _Reported((), "reported above")
 
 
 def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
@@ -185,18 +250,15 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
     if args is not None:
         if value is None and type(None) in args:
             return None
-        errors = []
-        for option in args:
-            if option is type(None):
-                continue
-            try:
-                return _convert(option, value, path)
-            except ProfileError as err:
-                errors.append(err)
-        # A single non-null option gives the more precise message (e.g. an unknown key deep inside).
         non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1 and errors:
-            raise errors[0]
+        if len(non_null) == 1:  # the one option gives the more precise message(s) (e.g. an unknown key deep inside)
+            return _convert(non_null[0], value, path)
+        with _collecting(None):  # an option that does not fit is no problem while another may
+            for option in non_null:
+                try:
+                    return _convert(option, value, path)
+                except ProfileError:
+                    pass
         raise ProfileError(path, f"expected {_describe(tp)}, got {_got(value)}")
     if dataclasses.is_dataclass(base):
         return _convert_dataclass(base, value, path)
@@ -208,17 +270,23 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
         if not isinstance(value, list):
             raise ProfileError(path, f"expected a list, got {_got(value)}")
         (item_tp,) = typing.get_args(base)
-        return [_convert(item_tp, item, path + (i,)) for i, item in enumerate(value)]
+        parts = _Parts()
+        items = [parts.convert(_convert, item_tp, item, path + (i,)) for i, item in enumerate(value)]
+        parts.done()
+        return items
     if typing.get_origin(base) is dict:
         if not isinstance(value, dict):
             raise ProfileError(path, f"expected a mapping, got {_got(value)}")
         key_tp, val_tp = typing.get_args(base)
         out = {}
+        parts = _Parts()
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ProfileError(path, f"keys must be strings, got {_got(key)}")
-            _convert(key_tp, key, path + (key,))
-            out[key] = _convert(val_tp, item, path + (key,))
+                parts.problem(ProfileError(path, f"keys must be strings, got {_got(key)}"))
+                continue
+            parts.convert(_convert, key_tp, key, path + (key,))
+            out[key] = parts.convert(_convert, val_tp, item, path + (key,))
+        parts.done()
         return out
     if base is bool:
         if isinstance(value, bool):
@@ -266,25 +334,30 @@ def _convert_dataclass(cls: type, value: Any, path: KeyPath) -> Any:
     if not isinstance(value, dict):
         raise ProfileError(path, f"expected a mapping, got {_got(value)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    parts = _Parts()
     for key in value:
         if key not in fields:
             known = sorted(fields)
             hint = _did_you_mean(str(key), known)
-            raise ProfileError(path + (str(key),), f"unknown key{hint or ''}" + ("" if hint else f" (expected one of: {', '.join(known)})"))
+            parts.problem(ProfileError(path + (str(key),), f"unknown key{hint or ''}"
+                                       + ("" if hint else f" (expected one of: {', '.join(known)})")))
     hints = _hints(cls)
     kwargs = {}
     for name, f in fields.items():
         if name in value:
-            kwargs[name] = _convert(hints[name], value[name], path + (name,))
+            kwargs[name] = parts.convert(_convert, hints[name], value[name], path + (name,))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProfileError(path + (name,), f"missing required key (expected {_describe(hints[name])})")
+            parts.problem(ProfileError(path + (name,), f"missing required key (expected {_describe(hints[name])})"))
+    parts.done()
     return cls(**kwargs)
 
 
-def check_keys(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None) -> None:
-    """Check the keys present in ``data`` without requiring the required ones (a base for ``extends``)."""
-    with _choices(choices):
-        _check_keys(cls, data, path)
+def check_keys(cls: type, data: Any, path: KeyPath = (), choices: Mapping[str, Sequence[str]] | None = None,
+               problems: list[ProfileError] | None = None) -> None:
+    """Check the keys present in ``data`` without requiring the required ones (a base for ``extends``); with a
+    ``problems`` list, every problem goes there instead of raising the first."""
+    with _choices(choices), _collecting(problems):
+        _run_collecting(lambda: _check_keys(cls, data, path))
 
 
 def _check_keys(cls: type, data: Any, path: KeyPath) -> None:
@@ -292,11 +365,14 @@ def _check_keys(cls: type, data: Any, path: KeyPath) -> None:
         raise ProfileError(path, f"expected a mapping, got {_got(data)}")
     hints = _hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
+    parts = _Parts()
     for key, value in data.items():
         if key not in fields:
             hint = _did_you_mean(str(key), sorted(fields))
-            raise ProfileError(path + (str(key),), f"unknown key{hint}")
-        _convert(hints[key], value, path + (key,))
+            parts.problem(ProfileError(path + (str(key),), f"unknown key{hint}"))
+            continue
+        parts.convert(_convert, hints[key], value, path + (key,))
+    parts.done()
 
 
 def to_data(obj: Any) -> Any:
