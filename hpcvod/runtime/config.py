@@ -89,8 +89,12 @@ def number(name: str, low: float, high: float, unit: str, whole: bool = False, n
 
 
 def figure(value: float) -> str:
-    """A bound or value as people write it: 1000, 2592000, 0.5 (not 1e+03)."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    """A bound or value as people write it: 1000, 2592000, 0.5 (not 1e+03); a whole number too long for a line
+    (too large for a float, too) cut to its first digits."""
+    if isinstance(value, int):
+        text = str(value)
+        return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+    return str(int(value)) if value.is_integer() else f"{value:g}"
 
 
 def _bool(raw: str) -> bool:
