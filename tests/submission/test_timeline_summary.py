@@ -207,3 +207,44 @@ def test_names_from_the_file_reach_the_terminal_without_control_characters(tmp_p
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout and "grad?[31m.red" in done.stdout
     assert "2 value(s) ignored" in done.stdout       # the bool pid and the stray string; the cycle mark is not
+
+
+def test_timelines_in_the_earlier_layout_and_horovods_own_are_summarised(tmp_path: Path) -> None:
+    """Files written before issue 29 (thread rows, complete events, pid = rank) still summarise; so does one that
+    Horovod wrote (no rank in its header: rank 0; its per-rank ready marks inside a negotiation are not phases)."""
+    (tmp_path / "old.json").write_text(
+        '[\n{"name":"process_name","ph":"M","pid":1,"args":{"name":"rank 1"}},\n'
+        '{"name":"thread_name","ph":"M","pid":1,"tid":1,"args":{"name":"grad.w"}},\n'
+        '{"name":"NEGOTIATE","ph":"X","pid":1,"tid":1,"ts":0,"dur":150000},\n'
+        '{"name":"QUEUE","ph":"X","pid":1,"tid":1,"ts":150000,"dur":1000},\n'
+        '{"name":"MPI_ALLREDUCE","ph":"X","pid":1,"tid":1,"ts":151000,"dur":2000},\n'
+        '{"name":"CYCLE_START","ph":"i","s":"p","pid":1,"ts":3}\n]\n')
+    (tmp_path / "horovod.json").write_text(
+        '[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros":1}},\n'
+        '{"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}},\n'
+        '{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.grad.w"}},\n'
+        '{"name": "process_sort_index", "ph": "M", "pid": 1, "args": {"sort_index": 1}},\n'
+        '{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 10, "pid": 1},\n'
+        '{"ph": "X", "name": "0", "ts": 11, "pid": 1, "dur": 0},\n'
+        '{"ph": "X", "name": "1", "ts": 500, "pid": 1, "dur": 0},\n'
+        '{"ph": "E", "ts": 510, "pid": 1},\n'
+        '{"ph": "B", "name": "ALLREDUCE", "ts": 510, "pid": 1},\n'
+        '{"ph": "B", "name": "QUEUE", "ts": 510, "pid": 1},\n{"ph": "E", "ts": 600, "pid": 1},\n'
+        '{"ph": "B", "name": "MPI_ALLREDUCE", "ts": 600, "pid": 1},\n{"ph": "E", "ts": 1600, "pid": 1},\n'
+        '{"ph": "E", "ts": 1610, "pid": 1, "args": {"dtype": "float32", "shape": "[3]"}},\n'
+        '{"ph": "i", "name": "CYCLE_START", "ts": 5, "s": "g"}]')
+    old = timeline_summary.summarise([str(tmp_path / "old.json")], 100e3, 1 << 20)
+    tensor = old.tensors["grad.w"]
+    assert (tensor.calls, tensor.ranks, tensor.operations) == (1, {1}, {"MPI_ALLREDUCE"})
+    assert tensor.micros == {"negotiate": 150000, "queue": 1000, "memcpy": 0, "transfer": 2000}
+    assert [(s.rank, s.tensor) for s in old.stalls] == [(1, "grad.w")] and old.ignored == 0
+
+    theirs = timeline_summary.summarise([str(tmp_path / "horovod.json")], 100e3, 1 << 20)
+    tensor = theirs.tensors["allreduce.grad.w"]
+    assert (tensor.calls, tensor.ranks, tensor.operations) == (1, {0}, {"MPI_ALLREDUCE"})
+    assert tensor.micros == {"negotiate": 500, "queue": 90, "memcpy": 0, "transfer": 1000}
+    assert set(theirs.tensors) == {"allreduce.grad.w"} and theirs.ignored == 0 and theirs.ranks[0].events == 4
+    done = summary_of(tmp_path, "old.json", "horovod.json")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert [row[:4] for row in table(done.stdout, "TENSOR")] == [["grad.w", "MPI_ALLREDUCE", "1", "1"],
+                                                                  ["allreduce.grad.w", "MPI_ALLREDUCE", "1", "1"]]
