@@ -505,19 +505,27 @@ def cmd_sites(args: argparse.Namespace) -> int:
         from hpcvod.jobs.sitecheck import check_command
 
         return check_command(args)
-    # validate
+    # validate: every problem of every file, one line each (file:line: key: what, expected)
     bad = 0
     for name in args.files:
         try:
-            if Path(name).name.startswith("_"):
-                sites.check_base_file(name, schedulers=schedulers)
-                print(f"{name}: ok (a base for extends: checked key by key, required keys not enforced)")
-                continue
-            site = sites.load_site(name, "validate", schedulers=schedulers)
-            print(f"{name}: ok (site {site.name}, scheduler {site.profile.scheduler})")
+            path = sites.site_path(name, "validate")
         except UserError as err:
             print(one_line(str(err)), file=sys.stderr)
             bad += 1
+            continue
+        if path.name.startswith("_"):
+            problems = sites.check_base_file(path, schedulers=schedulers)
+            verdict = "ok (a base for extends: checked key by key, required keys not enforced)"
+        else:
+            site, problems = sites.validate_site_file(path, schedulers=schedulers)
+            verdict = f"ok (site {site.name}, scheduler {site.profile.scheduler})" if site else ""
+        for problem in problems:
+            print(one_line(str(problem)), file=sys.stderr)
+        if problems:
+            bad += 1
+        else:
+            print(one_line(f"{name}: {verdict}"))
     return EXIT_USAGE if bad else EXIT_OK
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.sites.loader import (Site, check_base_file, discover_site, load_site, load_site_file, search_dirs,
-                                 shipped_dir, site_files)
+                                 shipped_dir, site_files, site_path, validate_site_file)
 from hpcvod.sites.profile import Schedulers, SchedulerTraits, SiteProfile, choices
 
 
@@ -61,4 +61,5 @@ def reference_markdown(schedulers: Schedulers) -> str:
 
 
 __all__ = ["ProfileError", "SchedulerTraits", "Schedulers", "Site", "SiteProfile", "UserError", "check_base_file", "discover_site", "load_site", "load_site_file",
-           "reference_markdown", "schema", "search_dirs", "shipped_dir", "site_files"]
+           "reference_markdown", "schema", "search_dirs", "shipped_dir", "site_files", "site_path",
+           "validate_site_file"]

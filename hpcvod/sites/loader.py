@@ -12,7 +12,7 @@ import yaml
 
 from hpcvod.support.errors import ProfileError, UserError
 from hpcvod.support.files import read_text_bounded
-from hpcvod.sites.profile import Schedulers, SiteProfile, check_profile, choices
+from hpcvod.sites.profile import Schedulers, SiteProfile, choices, profile_problems
 from hpcvod.sites.spec import check_keys, from_data
 
 
@@ -205,7 +205,7 @@ def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, 
             base_path = next((path.parent / f"{parent}{ext}" for ext in (".yaml", ".yml")
                               if os.path.exists(path.parent / f"{parent}{ext}")), None)
         if base_path is None:
-            raise ProfileError(("extends",), f"no profile named {parent!r} to extend", _where(path, ("extends",)))
+            raise ProfileError(("extends",), _no_base(parent, path, files, environ), _where(path, ("extends",)))
     if base_path.resolve() in [p.resolve() for p in chain + (path,)]:
         cycle = " -> ".join(str(p) for p in chain + (path, base_path))
         raise ProfileError(("extends",), f"profiles extend each other in a circle: {cycle}", str(path))
@@ -222,6 +222,16 @@ def _data_with_bases(path: Path, chain: tuple[Path, ...], environ: Mapping[str, 
     return merged, [path] + contributors
 
 
+def _no_base(name: str, path: Path, files: Mapping[str, Path], environ: Mapping[str, str]) -> str:
+    """Why ``extends: name`` found nothing: the nearest name there is, and every folder that was searched."""
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(name, [n for n, p in files.items() if p.resolve() != path.resolve()], n=1)
+    folders = [str(folder) for folder in search_dirs(environ)] + [f"{path.resolve().parent} (beside this file)"]
+    return (f"no profile named {name!r} to extend{f'; did you mean {close[0]!r}?' if close else ''} "
+            f"(looked for {name}.yaml in: {', '.join(folders)})")
+
+
 def _where(path: Path, key_path: tuple) -> str:
     line = _line_of(path, key_path)
     return f"{path}:{line}" if line else str(path)
@@ -230,29 +240,73 @@ def _where(path: Path, key_path: tuple) -> str:
 def load_site_file(path: str | Path, environ: Mapping[str, str] = os.environ, *,
                    schedulers: Schedulers) -> Site:
     """Load, merge and validate one profile file against the ``schedulers`` it is handed; every problem is a
-    one-line UserError."""
-    path = Path(path)
-    data, contributors = _data_with_bases(path, (), environ)
-    try:
-        profile = from_data(SiteProfile, data, choices=choices(schedulers))
-        check_profile(profile, schedulers)
-        options = from_data(schedulers[profile.scheduler].Options, data.get("scheduler_options") or {},
-                            ("scheduler_options",))
-    except ProfileError as err:
-        # name the file (and line) that holds the offending key: the profile itself or one of its bases
-        where = next((_where(p, err.key_path) for p in contributors if _line_of(p, err.key_path[:1])), str(path))
-        raise err.located(where) from None
-    return Site(name=path.stem, source=str(path), profile=profile, scheduler_options=options, data=data)
+    one-line UserError (the first one found: ``validate_site_file`` gives them all)."""
+    site, problems = validate_site_file(path, environ, schedulers=schedulers)
+    if problems:
+        raise problems[0]
+    assert site is not None
+    return site
 
 
-def check_base_file(path: str | Path, *, schedulers: Schedulers) -> None:
-    """Validate a base profile (one that others extend) key by key; required keys may be missing."""
+def validate_site_file(path: str | Path, environ: Mapping[str, str] = os.environ, *,
+                       schedulers: Schedulers) -> tuple[Site | None, list[UserError]]:
+    """(the site or None, every problem of the file, each naming its file, line and key). A file that is not
+    YAML, or whose extends chain breaks, is one problem; otherwise each key is checked and, once every key is
+    valid alone, the rules that tie keys together (profile_problems, crosscheck.cross_problems)."""
+    from hpcvod.sites.crosscheck import cross_problems
+
     path = Path(path)
-    data = _read_yaml(path)
     try:
-        check_keys(SiteProfile, data, choices=choices(schedulers))
-    except ProfileError as err:
-        raise err.located(_where(path, err.key_path)) from None
+        data, contributors = _data_with_bases(path, (), environ)
+    except UserError as err:
+        return None, [err]
+    problems: list[ProfileError] = []
+    profile = from_data(SiteProfile, data, choices=choices(schedulers), problems=problems)
+    if profile is not None:
+        problems += profile_problems(profile, schedulers)
+        problems += [p for p in cross_problems(profile) if p.key_path not in [q.key_path for q in problems]]
+    traits = schedulers.get(data.get("scheduler")) if isinstance(data.get("scheduler"), str) else None
+    options = None
+    if traits is not None:
+        options = from_data(traits.Options, data.get("scheduler_options") or {}, ("scheduler_options",),
+                            problems=problems)
+    if problems:
+        # name the file (and line) that holds each offending key: the profile itself or one of its bases
+        located = []
+        for err in problems:
+            file = next((p for p in contributors if _line_of(p, err.key_path[:1])), None)
+            line = _line_of(file, err.key_path) if file is not None else None
+            order = (contributors.index(file) if file is not None else len(contributors), line or 0)
+            located.append((order, err.located(f"{file}:{line}" if line else str(file or path))))
+        return None, [err for _, err in sorted(located, key=lambda item: item[0])]  # each file top to bottom
+    return Site(name=path.stem, source=str(path), profile=profile, scheduler_options=options, data=data), []
+
+
+def check_base_file(path: str | Path, *, schedulers: Schedulers) -> list[UserError]:
+    """Validate a base profile (one that others extend) key by key; required keys may be missing. Every problem
+    is returned (each naming the file's line and key), none raised."""
+    path = Path(path)
+    try:
+        data = _read_yaml(path)
+    except UserError as err:
+        return [err]
+    problems: list[ProfileError] = []
+    check_keys(SiteProfile, data, choices=choices(schedulers), problems=problems)
+    return [err.located(_where(path, err.key_path)) for err in problems]
+
+
+def site_path(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ) -> Path:
+    """The file a profile name (looked up in the search folders) or path stands for."""
+    if not name_or_path.strip():
+        raise UserError(f"empty site name ({origin})")
+    if _looks_like_path(name_or_path) or os.path.isfile(name_or_path):  # os.path: a name too long is no file
+        if not os.path.lexists(name_or_path):
+            raise UserError(f"site file {name_or_path!r} ({origin}): no such file")  # else: it says what it is
+        return Path(name_or_path)
+    path = site_files(environ, include_bases=True).get(name_or_path)
+    if path is None:
+        raise _unknown_site(name_or_path, origin, environ)
+    return path
 
 
 def _unknown_site(name: str, origin: str, environ: Mapping[str, str]) -> UserError:
@@ -268,16 +322,7 @@ def _unknown_site(name: str, origin: str, environ: Mapping[str, str]) -> UserErr
 def load_site(name_or_path: str, origin: str = "--site", environ: Mapping[str, str] = os.environ, *,
               schedulers: Schedulers) -> Site:
     """A profile by name (looked up in the search folders) or by path."""
-    if not name_or_path.strip():
-        raise UserError(f"empty site name ({origin})")
-    if _looks_like_path(name_or_path) or os.path.isfile(name_or_path):  # os.path: a name too long is no file
-        if not os.path.lexists(name_or_path):
-            raise UserError(f"site file {name_or_path!r} ({origin}): no such file")  # else: it says what it is
-        return load_site_file(name_or_path, environ, schedulers=schedulers)
-    path = site_files(environ, include_bases=True).get(name_or_path)
-    if path is None:
-        raise _unknown_site(name_or_path, origin, environ)
-    return load_site_file(path, environ, schedulers=schedulers)
+    return load_site_file(site_path(name_or_path, origin, environ), environ, schedulers=schedulers)
 
 
 def site_for_host(hostname: str, environ: Mapping[str, str] = os.environ) -> Path | None:

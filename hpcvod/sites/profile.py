@@ -179,44 +179,58 @@ class SiteProfile:
 
 
 def check_profile(profile: SiteProfile, schedulers: Schedulers) -> None:
-    """Rules that tie keys together (the schema checks each key alone), with what ``schedulers`` say they can."""
+    """Rules that tie keys together (the schema checks each key alone), with what ``schedulers`` say they can:
+    raises the first one the profile breaks (``profile_problems`` gives them all)."""
+    problems = profile_problems(profile, schedulers)
+    if problems:
+        raise problems[0]
+
+
+def profile_problems(profile: SiteProfile, schedulers: Schedulers) -> list[ProfileError]:
+    """Every rule that ties keys together and that the profile breaks, in the order of the file's sections."""
+    problems: list[ProfileError] = []
+
+    def problem(key_path: tuple[str | int, ...], message: str) -> None:
+        problems.append(ProfileError(key_path, message))
+
     if not profile.partitions:
-        raise ProfileError(("partitions",), "expected at least one partition")
+        problem(("partitions",), "expected at least one partition")
     if profile.default_partition is not None and profile.default_partition not in profile.partitions:
-        raise ProfileError(("default_partition",),
-                           f"{profile.default_partition!r} is not one of the partitions: {', '.join(profile.partitions)}")
+        problem(("default_partition",),
+                f"{profile.default_partition!r} is not one of the partitions: {', '.join(profile.partitions)}")
     launcher = profile.launcher
     traits = schedulers[profile.scheduler]
     if launcher.kind not in traits.launcher_kinds():
         fits = [name for name, other in sorted(schedulers.items()) if launcher.kind in other.launcher_kinds()]
-        raise ProfileError(("launcher", "kind"), f"{launcher.kind} needs scheduler {_either(fits)}, "
-                           f"not {profile.scheduler!r}")
+        problem(("launcher", "kind"), f"{launcher.kind} needs scheduler {_either(fits)}, "
+                f"not {profile.scheduler!r}")
     if launcher.kind == "srun":
         if launcher.mpi_plugin is None:
-            raise ProfileError(("launcher", "mpi_plugin"),
-                               "missing: srun needs --mpi=PLUGIN (pmix for Open MPI 5, pmi2 for MPICH/Intel MPI)")
+            problem(("launcher", "mpi_plugin"),
+                    "missing: srun needs --mpi=PLUGIN (pmix for Open MPI 5, pmi2 for MPICH/Intel MPI)")
         if profile.mpi.flavour == "intelmpi" and not profile.mpi.pmi_library:
-            raise ProfileError(("mpi", "pmi_library"),
-                               "missing: Intel MPI under srun needs the path of libpmi2.so (I_MPI_PMI_LIBRARY)")
+            problem(("mpi", "pmi_library"),
+                    "missing: Intel MPI under srun needs the path of libpmi2.so (I_MPI_PMI_LIBRARY)")
     elif launcher.mpi_plugin is not None:
-        raise ProfileError(("launcher", "mpi_plugin"), f"only applies to kind 'srun', not {launcher.kind!r}")
+        problem(("launcher", "mpi_plugin"), f"only applies to kind 'srun', not {launcher.kind!r}")
     if profile.interconnect.gid_index is not None and profile.interconnect.kind != "roce":
-        raise ProfileError(("interconnect", "gid_index"), f"only applies to kind 'roce', not {profile.interconnect.kind!r}")
+        problem(("interconnect", "gid_index"), f"only applies to kind 'roce', not {profile.interconnect.kind!r}")
     if profile.container.runtime == "pyxis" and launcher.kind != "srun":
-        raise ProfileError(("container", "runtime"), "pyxis runs through srun: it needs launcher.kind 'srun'")
+        problem(("container", "runtime"), "pyxis runs through srun: it needs launcher.kind 'srun'")
     for name, part in profile.partitions.items():
         for key in ("cpus_per_node", "gpus_per_node"):
             if getattr(part, key) == AUTO and not traits.single_host:
                 here = [name for name, other in sorted(schedulers.items()) if other.single_host]
-                raise ProfileError(("partitions", name, key),
-                                   f"'auto' counts this machine's resources and only fits scheduler {_either(here)}")
+                problem(("partitions", name, key),
+                        f"'auto' counts this machine's resources and only fits scheduler {_either(here)}")
         try:
             check_job_options(part.job_defaults)
         except UserError as err:
-            raise ProfileError(("partitions", name, "job_defaults"), str(err)) from None
+            problem(("partitions", name, "job_defaults"), str(err))
         if part.max_time is not None and time_seconds(part.default_time) > time_seconds(part.max_time):
-            raise ProfileError(("partitions", name, "default_time"),
-                               f"{part.default_time} is longer than max_time {part.max_time}")
+            problem(("partitions", name, "default_time"),
+                    f"{part.default_time} is longer than max_time {part.max_time}")
+    return problems
 
 
 def time_seconds(text: str) -> int:

@@ -77,7 +77,7 @@ def test_errors_name_the_line(tmp_path):
 
 def test_cross_field_rules(tmp_path):
     assert "launcher.mpi_plugin: missing" in _error(tmp_path, MINIMAL.replace("  mpi_plugin: pmix\n", ""))
-    intel = MINIMAL.replace("flavour: openmpi", "flavour: intelmpi")
+    intel = MINIMAL.replace("flavour: openmpi", "flavour: intelmpi").replace("pmix", "pmi2")
     assert "mpi.pmi_library: missing" in _error(tmp_path, intel)
     assert "interconnect.gid_index: only applies to kind 'roce'" in _error(
         tmp_path, MINIMAL + "interconnect:\n  kind: infiniband\n  gid_index: 3\n")
