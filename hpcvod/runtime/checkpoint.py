@@ -48,7 +48,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from hpcvod.safe_read import Refused, json_kind, load_json, open_regular
+from hpcvod.support.safe_read import Refused, json_kind, load_json, open_regular
 
 from .errors import HpcvodConfigError, HpcvodInputError
 

@@ -29,7 +29,7 @@ from hpcvod.runtime import config
 from hpcvod.runtime.checkpoint import CheckpointUnreadable, read_archive
 from hpcvod.runtime.config import Settings
 from hpcvod.runtime.errors import HpcvodConfigError
-from hpcvod.safe_read import Refused, load_json
+from hpcvod.support.safe_read import Refused, load_json
 from hpcvod.support.errors import UserError
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hpcvod.safe_read import Refused, json_kind, load_json, read_bounded
+from hpcvod.support.safe_read import Refused, json_kind, load_json, read_bounded
 
 HEARTBEAT_SECONDS = 1.0
 DISPATCHER_SIDES = ("compute", "training")

@@ -1,8 +1,10 @@
 """Reading files that others hand a process (a checkpoint left by an earlier run, a config another job wrote):
 regular files only, of bounded size, and JSON of bounded depth holding finite numbers only.
 
-Standard library only and importing nothing of hpcvod, so that both halves can use it: the worker side
-(``hpcvod.runtime``, ``hpcvod.frameworks``) never imports the submission side. A FIFO would block a plain
+Standard library only and importing nothing else of hpcvod (the ground floor, ``hpcvod.support``), so that both
+halves can use it: the worker side (``hpcvod.runtime``, ``hpcvod.frameworks``) raises its own errors, never the
+submission side's UserError (``hpcvod.support.files`` does the same checks for the submission side, in UserError
+lines of its own). A FIFO would block a plain
 ``open`` for ever, ``/dev/zero`` would never end, ``[[[...]]]`` a few thousand levels deep raises RecursionError
 in ``json.loads``, and ``Infinity`` or ``1e400`` turns into a float that breaks arithmetic far from the file.
 Every refusal is a :class:`Refused` whose text says what is wrong, without the path: callers name the file.
