@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pytest
 
+from checkpoint_helpers import two_ranks
 from hpcvod.runtime import HpcvodInputError
 from hpcvod.runtime.checkpoint import Checkpoint, write_archive
 
@@ -113,17 +111,9 @@ def test_a_skipped_file_does_not_push_the_good_ones_out(tmp_path: Path) -> None:
 
 def _two_ranks(directory: Path, skipped: int) -> dict[int, dict]:
     """Each rank's RESULT; rank 0 alone says which files it skipped (``skipped`` lines)."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec beside {sys.executable}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "PMI_", "OMPI_", "SLURM_"))}
-    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(Path(__file__).parent / "workers" /
-                           "fallback.py"), str(directory)], capture_output=True, text=True, timeout=100, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(m) for m in re.findall(r"RESULT (\{[^\n]*?\})(?=RESULT |\n|$)", proc.stdout)]
-    assert sorted(r["rank"] for r in records) == [0, 1], proc.stdout + proc.stderr
-    assert proc.stderr.count("hpcvod checkpoint: cannot read") == skipped, proc.stderr
-    return {r["rank"]: r for r in records}
+    by_rank, stderr = two_ranks("fallback.py", str(directory))
+    assert stderr.count("hpcvod checkpoint: cannot read") == skipped, stderr
+    return by_rank
 
 
 @pytest.mark.mpi

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from checkpoint_helpers import two_ranks
 from hpcvod.runtime import HpcvodConfigError, HpcvodInputError
 from hpcvod.runtime import checkpoint as ckmod
 from hpcvod.runtime.checkpoint import Checkpoint, default_directory, read_archive, write_archive
@@ -151,16 +148,7 @@ def test_stop_signal_is_noticed_and_handlers_are_put_back(tmp_path: Path, capsys
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_two_ranks_agree_on_stop_and_share_rank0s_checkpoint(tmp_path: Path) -> None:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec beside {sys.executable}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "PMI_", "OMPI_", "SLURM_"))}
-    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(Path(__file__).parent / "workers" /
-                           "two_ranks.py"), str(tmp_path)], capture_output=True, text=True, timeout=100, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(m) for m in re.findall(r"RESULT (\{[^\n]*?\})(?=RESULT |\n|$)", proc.stdout)]
-    by_rank = {r["rank"]: r for r in records}
-    assert set(by_rank) == {0, 1}
+    by_rank, _ = two_ranks("two_ranks.py", str(tmp_path))
     for r in by_rank.values():
         assert r["before"] is False and r["after"] is True          # one rank's signal stops everyone
         assert r["resumed_from"] == 7 and r["step"] == 7 and r["w"] == [0.5, 1.5, 2.5]
