@@ -1,57 +1,29 @@
-"""init() / shutdown(), the world queries, process-set registration, timeline control and job aborts."""
+"""init() / shutdown() of the one live world (session.Runtime), the world queries, process-set registration,
+timeline control and what happens at exit."""
 
 from __future__ import annotations
 
 import atexit
-import os
 import sys
-import threading
 import time
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Sequence
 
 from . import gpu
-from .config import Settings, settings_disagreement
+from .config import Settings
 from .errors import (HpcvodConfigError, HpcvodError, HpcvodInputError, HpcvodNotInitializedError,
-                     HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError, first_of)
+                     first_of)
 from .mpi_flavour import check_mpi_flavour
 from .mpi_start import abort_world, arm_abort_hook, deadline, disarm_abort_hook, release, start_mpi
-from .process_sets import ProcessSet, global_process_set
+from .process_sets import ProcessSet
+from .session import EXIT_RANK_FAILURE, Runtime, hard_exit
 from .world import WorldInfo, check_world_size, hostname
 
-EXIT_RANK_FAILURE = 70   # another rank died or failed; this one was aborted
-EXIT_STALL = 71          # HPCVOD_STALL_SHUTDOWN_TIME_SECONDS was reached
-ABORT_GRACE_SECONDS = 1.0
-LEFT_GRACE_SECONDS = 15.0  # a collective still running this long after a member left is stuck for ever
+_hard_exit = hard_exit   # the name runtime/elastic.py uses
 
-
-class Runtime:
-    """Everything init() sets up; one instance between init() and shutdown()."""
-
-    def __init__(self) -> None:
-        self.settings: Settings = Settings()
-        self.comm: Any = None
-        self.info: Optional[WorldInfo] = None
-        self.local_comm: Any = None
-        self.cross_comm: Any = None
-        self.lanes: dict[int, Any] = {}
-        self.sets: dict[int, ProcessSet] = {}
-        self.next_set_id = 1
-        self.watchdog: Any = None
-        self.timeline: Any = None
-        self.failed: Optional[str] = None
-        self.exit_code = 0
-        self.uncaught = False
-        self.prev_excepthook: Any = None
-        self.lock = threading.Lock()
-
-    @property
-    def global_lane(self) -> Any:
-        return self.lanes[0]
-
-
-_rt: Optional[Runtime] = None
+_rt: Runtime | None = None
 _atexit_registered = False
-_closed_watchdog: Any = None   # this rank's channel after shutdown(): at exit it hears how the job ended
+_closed_watchdog: Any = None   # this rank's channel after shutdown(): at exit (or the next init) it hears how the
+                               # job ended
 arm_abort_hook()  # an MPI the user started before init() is covered too; it does nothing while MPI is not up
 
 
@@ -68,19 +40,19 @@ def is_initialized() -> bool:
     return _rt is not None
 
 
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> None:
     """Initialise the runtime on every rank (collective).
 
     ``comm``: an mpi4py communicator, or a list of ``MPI.COMM_WORLD`` ranks to run on (only those ranks
     call init); default ``MPI.COMM_WORLD``. ``process_sets``: ProcessSet objects to register at once
     (the same list on every rank). With the default communicator, the world size is checked against
     ``HPCVOD_WORLD_SIZE`` and the launcher's own variables (HpcvodWorldSizeError on a mismatch).
-    Calling init() again while initialised does nothing.
+    Calling init() again while initialised does nothing; after shutdown() it builds a new world (over the same
+    or another communicator), once the previous one has ended on every rank.
     """
-    global _closed_watchdog
     if _rt is not None:
         return
-    _closed_watchdog = None
+    _end_previous_world()
     try:
         settings = Settings.from_env()
     except HpcvodConfigError:
@@ -178,65 +150,29 @@ def _wait_for_every_rank(MPI: Any, world: Any, timeout: float) -> None:
     MPI.Request.Waitall(list(answers.values()))
 
 
-def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Optional[Sequence[ProcessSet]]) -> None:
+def _init(MPI: Any, settings: Settings, comm: Any, process_sets: Sequence[ProcessSet] | None) -> None:
     global _rt, _atexit_registered
 
-    from .engine import Lane
-    from .timeline import open_timeline
-    from .watchdog import Watchdog
-
+    made = None   # the communicator of a list of ranks, made here
     if comm is None:
         base = MPI.COMM_WORLD
     elif isinstance(comm, MPI.Comm):
         base = comm
     else:
         ranks = sorted(int(r) for r in comm)
-        base = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(ranks))
+        world = MPI.COMM_WORLD.Get_group()
+        group = world.Incl(ranks)
+        base = made = MPI.COMM_WORLD.Create_group(group)
+        group.Free()
+        world.Free()
         if base == MPI.COMM_NULL:
             raise HpcvodInputError(f"hvd.init(comm={ranks}): rank {MPI.COMM_WORLD.Get_rank()} is not in the list")
-    rt = Runtime()
-    rt.settings = settings
-    rt.comm = base.Dup()
-    rank, size = rt.comm.Get_rank(), rt.comm.Get_size()
-    rt.local_comm = rt.comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    local_rank, local_size = rt.local_comm.Get_rank(), rt.local_comm.Get_size()
-    rt.cross_comm = rt.comm.Split(local_rank, rank)
-    me = hostname()
-    timeline, cannot_open = None, ""
-    if settings.timeline:   # opened before the allgather, so that every rank hears when the writing rank cannot
-        try:
-            timeline = open_timeline(settings.timeline, rank, settings.timeline_mark_cycles)
-        except HpcvodInputError as err:
-            cannot_open = f"HPCVOD_TIMELINE={settings.timeline!r}: {err}"
-    everyone = rt.comm.allgather((me, local_size, settings.shared(), os.getpid(), cannot_open))
-    problem = (settings_disagreement([shared for _, _, shared, _, _ in everyone])
-               or next((said for *_, said in everyone if said), None))
-    if problem:
-        if timeline is not None:
-            timeline.close()
-        raise HpcvodConfigError(problem)
-    rt.info = WorldInfo(
-        rank=rank, size=size, local_rank=local_rank, local_size=local_size,
-        cross_rank=rt.cross_comm.Get_rank(), cross_size=rt.cross_comm.Get_size(),
-        is_homogeneous=len({ls for _, ls, _, _, _ in everyone}) == 1, hostname=me,
-        thread_level=MPI.Query_thread(), library_version=MPI.Get_library_version())
-    gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
-    lane = Lane(rt.comm.Dup(), 0, list(range(size)), settings)
-    rt.lanes[0] = lane
-    global_process_set._register(0, list(range(size)), rank, lane)
-    rt.sets[0] = global_process_set
-    if timeline is not None:
-        _set_timeline(rt, timeline)
-    for ps in process_sets or ():
-        _register_set(rt, ps)
-    rt.watchdog = Watchdog(rank, size, settings, lambda: _pending_everywhere(rt),
-                           lambda set_id: rt.sets[set_id].ranks if set_id in rt.sets else None,
-                           lambda reason, kind: _abort_job(rt, reason, kind),
-                           lambda who, where, agreed: _peer_left(rt, who, where, agreed))
-    warning = rt.watchdog.connect(rt.comm, [(host, pid) for host, _, _, pid, _ in everyone])
-    if warning and rank == 0:
-        print(warning, file=sys.stderr, flush=True)
-    rt.watchdog.start()
+    rt = Runtime(settings)
+    try:
+        rt.build(MPI, base, process_sets)
+    finally:
+        if made is not None:
+            made.Free()     # the world made its own duplicate
     disarm_abort_hook()
     rt.prev_excepthook = sys.excepthook
     sys.excepthook = _excepthook
@@ -253,98 +189,23 @@ def shutdown() -> None:
     if rt is None:
         return
     _rt = None
-    busy = False
-    for set_id in sorted(rt.lanes, reverse=True):
-        lane = rt.lanes[set_id]
-        busy = busy or lane._driving
-        lane.stop()
-    agreed = {set_id: lane.agreed for set_id, lane in rt.lanes.items()}
-    if rt.timeline is not None:
-        timeline, rt.timeline = rt.timeline, None
-        for lane in rt.lanes.values():
-            lane.timeline = None
-        timeline.close()
-    if rt.watchdog is not None:
-        _closed_watchdog = rt.watchdog
-        rt.watchdog.close(agreed)
-    for ps in list(rt.sets.values()):
-        if ps is not global_process_set:
-            ps._invalidate()
-    global_process_set._invalidate()
+    _closed_watchdog = rt.watchdog   # first: a shutdown cut short is told from a finished one at exit
+    rt.shutdown()
     if sys.excepthook is _excepthook:
         sys.excepthook = rt.prev_excepthook
-    if not busy and rt.failed is None:
-        for lane in rt.lanes.values():
-            lane.free()
-        for c in (rt.local_comm, rt.cross_comm, rt.comm):
-            c.Free()
 
 
-# ----------------------------------------------------------------------------------------- failures
-def _pending_everywhere(rt: Runtime) -> list[tuple[int, str, int, float]]:
-    out = []
-    for set_id, lane in list(rt.lanes.items()):
-        for name, kind, age in lane.pending():
-            out.append((set_id, name, kind, age))
-    return out
+def _end_previous_world() -> None:
+    """Before a new world: the previous one's channel waits for rank 0's last word (bounded by the heartbeat
+    timeout when rank 0 is gone), then its thread and sockets go. How that world ended does not stop the new
+    one: after a failure the survivors build the next world (runtime/elastic.py)."""
+    global _closed_watchdog
+    watchdog, _closed_watchdog = _closed_watchdog, None
+    if watchdog is not None:
+        watchdog.finish()
 
 
-def _peer_left(rt: Runtime, who: int, where: str, agreed: dict) -> None:
-    """Called by the watchdog when rank ``who`` finished cleanly: collectives of its process sets that it
-    never reached fail on this rank (HpcvodShutdownError). A lane still busy LEFT_GRACE_SECONDS later is stuck
-    in an MPI call the departed rank will never make: then the job ends, naming it."""
-    me = rt.info.rank if rt.info else -1
-    busy = []
-    for set_id, lane in list(rt.lanes.items()):
-        if who not in lane.ranks:
-            continue
-        lane.peer_left(int(agreed.get(str(set_id), 0)), HpcvodShutdownError(
-            f"hpcvod has been shut down: rank {who} ({where}) finished execution (it returned, exited or called "
-            f"shutdown()) while rank {me} still had collectives of process set {set_id} to run with it; every "
-            f"rank must submit the same collectives"))
-        at = lane.busy_at()
-        if at is not None:
-            busy.append((set_id, lane, at))
-    if busy:
-        def watch() -> None:
-            time.sleep(LEFT_GRACE_SECONDS)
-            for set_id, lane, at in busy:
-                if lane.busy_at() == at:
-                    _abort_job(rt, f"rank {who} ({where}) finished execution while rank {me} was inside a "
-                                   f"collective of process set {set_id} that needs it", "failure")
-        threading.Thread(target=watch, name="hpcvod-left", daemon=True).start()
-
-
-def _abort_job(rt: Runtime, reason: str, kind: str) -> None:
-    """Called by the watchdog: fail every waiter, then exit non-zero (MPI calls may never return now).
-    Inside hvd.elastic.run a failed rank resets the world instead (runtime/elastic.py)."""
-    from .elastic import absorbs_failure
-    if kind == "failure" and absorbs_failure(rt, reason):
-        return
-    with rt.lock:
-        if rt.failed is not None:
-            return
-        rt.failed = reason
-        rt.exit_code = EXIT_STALL if kind == "stall" else EXIT_RANK_FAILURE
-    rank = rt.info.rank if rt.info else -1
-    print(f"hpcvod: rank {rank}: aborting the job: {reason}", file=sys.stderr, flush=True)
-    exc: HpcvodError = (HpcvodStallError if kind == "stall" else HpcvodRankFailureError)(
-        f"rank {rank}: the job is being aborted: {reason}")
-    for lane in list(rt.lanes.values()):
-        lane.abort(exc)
-    time.sleep(ABORT_GRACE_SECONDS)   # let a waiting main thread raise and print its traceback
-    _hard_exit(rt.exit_code)
-
-
-def _hard_exit(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
-
-
+# ------------------------------------------------------------------------------------------- exit
 def _excepthook(etype: Any, value: Any, tb: Any) -> None:
     rt = _rt
     if rt is not None and rt.failed is None:
@@ -361,10 +222,10 @@ def _at_exit() -> None:
         _exit_after_shutdown()
         return
     if rt.failed is not None:
-        _hard_exit(rt.exit_code)
+        hard_exit(rt.exit_code)
     if rt.uncaught:
         # The other ranks are aborting; MPI_Finalize could wait for them forever.
-        _hard_exit(1)
+        hard_exit(1)
     shutdown()
     _exit_after_shutdown()
 
@@ -377,12 +238,12 @@ def _exit_after_shutdown() -> None:
         return
     if not watchdog.closed:   # shutdown() was cut short (an exception or exit inside it)
         watchdog.report_failure("it exited in the middle of hvd.shutdown()")
-        _hard_exit(1)
+        hard_exit(1)
     reason = watchdog.wait_final()
     if reason:
         print(f"hpcvod: rank {watchdog.rank}: this rank had finished, but the job failed: {reason}",
               file=sys.stderr, flush=True)
-        _hard_exit(EXIT_RANK_FAILURE)
+        hard_exit(EXIT_RANK_FAILURE)
 
 
 # ---------------------------------------------------------------------------------- world queries
@@ -485,7 +346,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     from .timeline import open_timeline
     rt = runtime()
     stop_timeline()
-    _set_timeline(rt, open_timeline(file_path, rt.info.rank if rt.info else 0, mark_cycles))
+    rt.set_timeline(open_timeline(file_path, rt.info.rank if rt.info else 0, mark_cycles))
 
 
 def stop_timeline() -> None:
@@ -493,100 +354,23 @@ def stop_timeline() -> None:
     rt = runtime()
     timeline = rt.timeline
     if timeline is not None:
-        _set_timeline(rt, None)
+        rt.set_timeline(None)
         timeline.close()
 
 
-def _set_timeline(rt: Runtime, timeline: Any) -> None:
-    rt.timeline = timeline
-    for lane in list(rt.lanes.values()):
-        lane.timeline = timeline
-
-
 # ------------------------------------------------------------------------------- process sets
-def _register_set(rt: Runtime, ps: ProcessSet) -> ProcessSet:
-    """Collective over every rank of the job: create the set's communicator and lane."""
-    from mpi4py import MPI
-
-    from .errors import HpcvodMismatchError
-    ranks = _set_ranks(rt, ps)
-    everyone = rt.comm.allgather(ranks)
-    if any(other != ranks for other in everyone):
-        detail = "; ".join(f"rank {r}: {rs}" for r, rs in enumerate(everyone))
-        raise HpcvodMismatchError(f"add_process_set() was called with different ranks: {detail}")
-    for other in rt.sets.values():
-        if other.ranks == ranks:
-            raise HpcvodInputError(f"a process set with ranks {ranks} already exists "
-                                   f"(id {other.process_set_id})")
-    me = rt.info.rank
-    sub = rt.comm.Split(0 if me in ranks else MPI.UNDEFINED, me)
-    return _attach_set(rt, ps, ranks, sub)
-
-
-def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set (collective: every rank calls it, in the same order, with the same ranks)."""
     rt = runtime()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    return _register_set(rt, ps)
+    return rt.register_set(ps)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set (collective over every rank). Returns False if it was not registered."""
-    from .errors import HpcvodMismatchError
-    rt = runtime()
-    set_id = process_set.process_set_id
-    if set_id == 0:
-        raise HpcvodInputError("the global process set cannot be removed")
-    everyone = rt.comm.allgather(set_id)
-    if any(other != set_id for other in everyone):
-        raise HpcvodMismatchError(f"remove_process_set() was called for different sets: ids {everyone}")
-    if set_id is None or set_id not in rt.sets:
-        return False
-    lane = rt.lanes.pop(set_id, None)
-    if lane is not None:
-        lane.stop()
-        lane.free()
-    del rt.sets[set_id]
-    process_set._invalidate()
-    return True
+    return runtime().remove_set(process_set)
 
 
 def process_set_ids_and_ranks() -> dict[int, list[int]]:
     """Every registered process set's id and global ranks (0: the whole job), as Horovod's basics report them."""
     return {set_id: list(ps.ranks) for set_id, ps in sorted(runtime().sets.items())}
-
-
-def _attach_set(rt: Runtime, ps: ProcessSet, ranks: list[int], sub: Any) -> ProcessSet:
-    from mpi4py import MPI
-
-    from .engine import Lane
-    set_id = rt.next_set_id
-    rt.next_set_id += 1
-    lane = None
-    if sub != MPI.COMM_NULL:
-        lane = Lane(sub, set_id, ranks, rt.settings, rt.timeline)
-        rt.lanes[set_id] = lane
-    ps._register(set_id, ranks, rt.info.rank, lane)
-    rt.sets[set_id] = ps
-    return ps
-
-
-def _set_ranks(rt: Runtime, ps: Union[ProcessSet, Sequence[int]]) -> list[int]:
-    if not isinstance(ps, ProcessSet):
-        raise HpcvodInputError(f"expected a ProcessSet, got {ps!r}")
-    if ps.process_set_id is not None:
-        raise HpcvodInputError(f"{ps!r} is already registered")
-    if ps.mpi_comm is not None:
-        from mpi4py import MPI
-        group = ps.mpi_comm.Get_group() if ps.mpi_comm != MPI.COMM_NULL else MPI.GROUP_EMPTY
-        mine = group.Translate_ranks(list(range(group.Get_size())), rt.comm.Get_group()) \
-            if group != MPI.GROUP_EMPTY else []
-        # every rank must learn the members, including ranks outside the communicator
-        all_ranks = sorted({r for part in rt.comm.allgather(list(mine)) for r in part})
-        return all_ranks
-    ranks = list(ps.ranks)
-    size = rt.info.size
-    bad = [r for r in ranks if not 0 <= r < size]
-    if bad or not ranks:
-        raise HpcvodInputError(f"process set ranks {ranks} must be non-empty and within 0..{size - 1}")
-    return ranks
