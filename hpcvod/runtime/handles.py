@@ -1,10 +1,13 @@
-"""Handles: one per submitted collective on this rank (they double as the engine's request records)."""
+"""Handles: one per submitted collective on this rank (they double as the engine's request records), their
+signatures, and ``poll`` / ``synchronize``."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
+
+from .errors import HpcvodInputError
 
 # Kinds of collective (part of every signature, so ranks that call different collectives under the same
 # name get a mismatch error instead of a hang).
@@ -99,3 +102,29 @@ class GroupHandle:
 
     def __repr__(self) -> str:
         return f"<hpcvod GroupHandle of {len(self.handles)}>"
+
+
+AnyHandle = Handle | GroupHandle
+
+
+def poll(handle: AnyHandle) -> bool:
+    """True when the operation behind ``handle`` has finished (successfully or not)."""
+    return handle.done
+
+
+def synchronize(handle: AnyHandle) -> Any:
+    """Wait for ``handle`` and return its result (raises the HpcvodError it failed with)."""
+    if handle.__class__ is not Handle:
+        if isinstance(handle, GroupHandle):
+            return [synchronize(h) for h in handle.handles]
+        raise HpcvodInputError(f"synchronize() expects a handle from an *_async call, got {handle!r}")
+    if not handle.done:
+        handle.lane.wait(handle)
+    if handle.error is not None:
+        raise handle.error
+    finish = handle.finish
+    if finish is None:
+        return handle.result
+    handle.finish = None
+    handle.result = finish(handle.result)
+    return handle.result

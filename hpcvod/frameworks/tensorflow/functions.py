@@ -10,17 +10,16 @@ import tensorflow as tf
 
 import hpcvod.runtime as rt
 from hpcvod.frameworks._common import pack_aligned
-from hpcvod.frameworks.tensorflow.mpi_ops import (
-    _device_in, _not_converted, _numpy_in, _on_gpu, _run, _tensor_out, global_process_set,
-)
+from hpcvod.frameworks.tensorflow.bridge import device_in, not_converted, numpy_in, on_gpu, run_op, tensor_out
+from hpcvod.frameworks.tensorflow.mpi_ops import global_process_set
 
 
 def _eager_broadcast_group(values: Sequence[tf.Tensor], root_rank: int, ps: Any) -> list[tf.Tensor]:
     """One in-place broadcast per dtype over a packed buffer of every value; GPU values broadcast on the device."""
-    if all(_on_gpu(v) for v in values):
-        handles = [rt.broadcast_async(_device_in(v), root_rank, process_set=ps) for v in values]
-        return [_tensor_out(rt.synchronize(h), v.dtype) for h, v in zip(handles, values)]
-    arrays = [_numpy_in(v) for v in values]
+    if all(on_gpu(v) for v in values):
+        handles = [rt.broadcast_async(device_in(v), root_rank, process_set=ps) for v in values]
+        return [tensor_out(rt.synchronize(h), v.dtype) for h, v in zip(handles, values)]
+    arrays = [numpy_in(v) for v in values]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
@@ -29,11 +28,11 @@ def _eager_broadcast_group(values: Sequence[tf.Tensor], root_rank: int, ps: Any)
         buffer, views = pack_aligned([arrays[i] for i in indices])
         rt.broadcast_(buffer, root_rank, process_set=ps)
         for i, view in zip(indices, views):
-            results[i] = _tensor_out(view)
+            results[i] = tensor_out(view)
     return results
 
 
-@_not_converted
+@not_converted
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: Any = rt.global_process_set,
                         inplace: bool = False) -> Any:
     """Assigns ``root_rank``'s values to ``variables`` (``tf.Variable`` or Keras 3 variables) on every rank.
@@ -45,7 +44,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: A
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
     values = [tf.convert_to_tensor(v) for v in variables]
-    new_values = _run(lambda *vs: _eager_broadcast_group(vs, root_rank, process_set), values,
+    new_values = run_op(lambda *vs: _eager_broadcast_group(vs, root_rank, process_set), values,
                       [v.dtype for v in values])
     assigns = []
     for var, value, new in zip(variables, values, new_values):
@@ -54,7 +53,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: A
     return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
 
 
-@_not_converted
+@not_converted
 def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> list[tf.Tensor]:
     """Assigns ``root_rank``'s values to ``variables`` (one fused broadcast per dtype); returns the new values

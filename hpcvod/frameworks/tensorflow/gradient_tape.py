@@ -62,7 +62,7 @@ class GradientReducer:
             return [list(range(i, min(i + chunk, n))) for i in range(0, n, chunk)]
         return [list(range(n))]
 
-    @mpi_ops._not_converted
+    @mpi_ops.not_converted
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
         grads = list(grads)
         included = self.process_set.included() if hasattr(self.process_set, "included") else True
@@ -103,7 +103,7 @@ class GradientReducer:
 class _DistributedGradientTape(tf.GradientTape):
     """Body of the tape classes ``DistributedGradientTape`` builds (a subclass of the wrapped tape's class)."""
 
-    @mpi_ops._not_converted
+    @mpi_ops.not_converted
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         grads = super(self._hvd_base, self).gradient(target, sources, output_gradients, unconnected_gradients)

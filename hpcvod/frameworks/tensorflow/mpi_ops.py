@@ -9,258 +9,47 @@ and no copy out. GPU tensors (with CuPy installed) go to the runtime as they are
 automatic control dependencies keep these stateful ops in program order, the same on every rank), wrapped in
 ``tf.custom_gradient`` so that allreduce, allgather, broadcast, alltoall and reducescatter are differentiable.
 XLA cannot compile Python ops: compile Keras models with ``jit_compile=False`` (the default on CPU).
+The conversions and the graph-op plumbing are in bridge.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import sys
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 import hpcvod.runtime as rt
-from hpcvod.runtime import gpu
-from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError
-from hpcvod.frameworks._common import (
-    aligned_empty, is_aligned, numpy_view_of_capsule, pack_aligned, resolve_op, set_rank_size,
+from hpcvod.frameworks._common import pack_aligned, resolve_op, set_rank_size
+from hpcvod.frameworks.tensorflow.bridge import (  # noqa: F401 (the error types and unchained_graph_ops: API)
+    aligned_copy, device_in, graph_name, InputError, MismatchError, narrow, not_converted, numpy_in, on_gpu,
+    run_op, runtime_in, tensor_out, unchained_graph_ops, widen,
 )
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
 
 global_process_set = rt.global_process_set
-# AutoGraph must not rewrite hpcvod's Python (it would trace into the runtime): run it as written.
-_not_converted = tf.autograph.experimental.do_not_convert
-
-try:
-    from tensorflow.python.framework.func_graph import FuncGraph as _FuncGraph
-except ImportError:  # private module moved: treat every graph as a TF1 graph (chained; still correct)
-    _FuncGraph = ()
-
-# dtypes NumPy cannot reduce natively travel as float32 (on the host; GPU tensors keep bfloat16, see _widen)
-_WIDENED = {tf.bfloat16: tf.float32}
-
-
-# ---------------------------------------------------------------------------------------------- tensor <-> NumPy
-def _on_gpu(t: Any) -> bool:
-    """A non-empty GPU tensor the runtime takes as it is (DLPack to CuPy, collectives on NCCL): needs CuPy here.
-    An empty one (or one of unknown shape) takes the host path, bfloat16 widened, like a CPU tensor."""
-    return "GPU" in getattr(t, "device", "") and bool(t.shape.num_elements()) and gpu.probe()[0] is not None
-
-
-def _device_in(t: tf.Tensor) -> Any:
-    """A GPU tensor for the runtime, no copy: itself (DLPack), or a bfloat16 one's int16 words, tagged."""
-    return gpu.Bfloat16Words(tf.bitcast(t, tf.int16)) if t.dtype == tf.bfloat16 else t
-
-
-def _runtime_in(tensor: Any) -> Any:
-    """What a collective that does not write into its input gets: a GPU tensor as it is, else a NumPy view."""
-    t = tf.convert_to_tensor(tensor)
-    return _device_in(t) if _on_gpu(t) else _numpy_in(t)
-
-
-def _numpy_in(tensor: Any) -> np.ndarray:
-    """A (read-only) NumPy view of an eager tensor's memory; a copy only where DLPack cannot export it."""
-    t = tf.convert_to_tensor(tensor)
-    if t.shape.num_elements() and "GPU" not in t.device:
-        try:
-            return numpy_view_of_capsule(tf.experimental.dlpack.to_dlpack(t))
-        except Exception:  # noqa: BLE001 - dtypes DLPack lacks (bool, string): fall back to a copy
-            pass
-    return np.asarray(t.numpy())
-
-
-def _tensor_out(array: Any, dtype: tf.DType | None = None) -> tf.Tensor:
-    """An eager tensor over ``array``'s memory (copied first into an aligned buffer if it is not aligned); a CuPy
-    result of the device path stays on the GPU (int16 words of a ``dtype`` bfloat16 input become bfloat16)."""
-    if array.__class__ is not np.ndarray and gpu.is_device_buffer(array):
-        out = tf.experimental.dlpack.from_dlpack(array.toDlpack())
-        return tf.bitcast(out, tf.bfloat16) if dtype == tf.bfloat16 and out.dtype == tf.int16 else out
-    if array.size:
-        if not (is_aligned(array) and array.flags.writeable):
-            aligned = aligned_empty(array.shape, array.dtype)
-            np.copyto(aligned, array)
-            array = aligned
-        try:
-            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-        except Exception:  # noqa: BLE001 - dtypes DLPack lacks
-            pass
-    return tf.convert_to_tensor(array)
-
-
-def _aligned_copy(tensor: Any) -> np.ndarray:
-    src = _numpy_in(tensor)
-    buf = aligned_empty(src.shape, src.dtype)
-    np.copyto(buf, src)
-    return buf
-
-
-def _in_xla_context() -> bool:
-    try:
-        from tensorflow.python.ops import control_flow_util
-        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
-    except Exception:  # noqa: BLE001 - private API moved: assume no XLA
-        return False
-
-
-class MismatchError(tf.errors.FailedPreconditionError, HpcvodMismatchError):
-    """Ranks submitted the same collective with different shapes, dtypes, ops or roots: Horovod's
-    ``tf.errors.FailedPreconditionError``, still an ``HpcvodMismatchError`` for hpcvod's own handlers."""
-
-    def __init__(self, message: str) -> None:
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
-
-
-class InputError(tf.errors.InvalidArgumentError, HpcvodInputError):
-    """A collective's argument is invalid on this rank: ``tf.errors.InvalidArgumentError`` (what TensorFlow code
-    expects from an op), still an ``HpcvodInputError``."""
-
-    def __init__(self, message: str) -> None:
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-
-
-def _as_tf_error(exc: BaseException) -> BaseException:
-    """The ``tf.errors`` class Horovod raises for a runtime error (the error itself where there is none)."""
-    if isinstance(exc, tf.errors.OpError):
-        return exc
-    if isinstance(exc, HpcvodMismatchError):
-        return MismatchError(str(exc))
-    if isinstance(exc, HpcvodInputError):
-        return InputError(str(exc))
-    return exc
-
-
-def _call_mapped(eager_fn: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
-    try:
-        outs = eager_fn(*args)
-    except (HpcvodMismatchError, HpcvodInputError) as exc:
-        mapped = _as_tf_error(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
-
-
-def _failed_precondition(label: str) -> tf.Tensor:
-    """An op that fails with ``tf.errors.FailedPreconditionError`` when it runs. A ``py_function`` can raise only
-    Unknown/InvalidArgument/Unimplemented... errors; Horovod's graph ops raise FailedPrecondition for a mismatch,
-    and reading a variable nobody created is TensorFlow's own FailedPrecondition (its name carries the message)."""
-    handle = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name=(
-        f"hpcvod: collective {label} differs across ranks (shape, dtype, op or root); each rank printed the "
-        f"details to stderr"))
-    return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32, name="hpcvod_collective_mismatch")
-
-
-# The last hpcvod op built in each TF1-style graph (see _graph_op).
-_last_op: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_outside_chain = [0]   # > 0 while unchained_graph_ops() is active
-
-
-@contextlib.contextmanager
-def unchained_graph_ops() -> Iterator[None]:
-    """TF1 collectives built inside stay out of the chain (see _graph_op): for an op run on its own, such as
-    ``broadcast_global_variables`` run by a hook at session start, before the training ops built earlier ever run
-    (chained, it would wait for them and need their feeds)."""
-    _outside_chain[0] += 1
-    try:
-        yield
-    finally:
-        _outside_chain[0] -= 1
-
-
-def _graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType], label: str) -> list[Any]:
-    """``eager_fn`` as a ``tf.py_function`` node whose mismatch errors surface as FailedPreconditionError.
-
-    In a ``tf.function`` the automatic control dependencies run stateful ops in program order, the same on every
-    rank. A TF1 graph (``tf.compat.v1``, sessions) has none: its executor runs independent ops in any order, a
-    different one on each rank, and each op blocks an executor thread until its partners come, so with more
-    independent collectives than threads the ranks wait on different ones. There each hpcvod op waits for the
-    previous one built in the graph (Horovod's graph ops need no such chain: they are asynchronous kernels), so
-    running an op also runs the collectives built before it (unchained_graph_ops() for an op run on its own).
-    Chaining only to ops not yet run is not enough: a later run may fetch earlier ops again beside new ones.
-    """
-    def body(*args: Any) -> list[Any]:
-        try:
-            outs = _call_mapped(eager_fn, args)
-        except MismatchError as exc:
-            print(f"hpcvod rank {rt.rank()}: {exc.message}", file=sys.stderr, flush=True)
-            return [tf.zeros([], d) for d in out_dtypes] + [tf.constant(1)]
-        return outs + [tf.constant(0)]
-
-    graph = tf.compat.v1.get_default_graph()
-    chained = not isinstance(graph, _FuncGraph) and not _outside_chain[0]
-    previous = _last_op.get(graph) if chained else None
-    with tf.control_dependencies([] if previous is None else [previous]):
-        outs = tf.py_function(body, inputs, list(out_dtypes) + [tf.int32])
-    status = outs[-1]
-    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _failed_precondition(label))
-    with tf.control_dependencies([check]):
-        results = [tf.identity(o) for o in outs[:-1]]
-    if chained:
-        _last_op[graph] = check.op
-    return results
-
-
-def _run(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType],
-         label: str | None = None) -> list[tf.Tensor]:
-    """Runs ``eager_fn`` now (eager mode) or as a graph node (inside ``tf.function`` or a TF1 graph), with the
-    runtime's errors as the ``tf.errors`` classes Horovod raises."""
-    if tf.executing_eagerly():
-        return _call_mapped(eager_fn, inputs)
-    if _in_xla_context():
-        raise RuntimeError("hpcvod collectives cannot run inside an XLA-compiled function: use "
-                           "jit_compile=False (model.compile(..., jit_compile=False) or tf.function without "
-                           "jit_compile)")
-    return _graph_op(eager_fn, inputs, out_dtypes, "(unnamed)" if label is None else repr(label))
-
-
-def _graph_name(kind: str, tensors: Sequence[Any], name: str | None) -> str | None:
-    """Horovod's name for an unnamed op in a TF1 graph: the kind and its input tensors' graph names (made unique
-    in the graph), so that ranks pair the same ops whatever order they run them in. Eager ops and ops in a
-    ``tf.function`` (run in program order) keep the runtime's automatic names, which pair by position: tensor
-    names there come from Python-side counters (Keras layer names) that need not agree across ranks."""
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    if name is not None or graph is None or isinstance(graph, _FuncGraph):
-        return name
-    base = f"Horovod{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", "_".join(t.name for t in tensors))
-    return graph.unique_name(base, mark_as_used=True)
-
-
-def _widen(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
-    """bfloat16 as float32 for the host path; an eager GPU tensor stays bfloat16 (NCCL reduces it natively). A
-    graph tensor's device is unknown when the graph is built: it is widened by a cast on its own device."""
-    wide = _WIDENED.get(tensor.dtype)
-    if wide is None or (tf.executing_eagerly() and _on_gpu(tensor)):
-        return tensor, None
-    return tf.cast(tensor, wide), tensor.dtype
-
-
-def _narrow(tensor: tf.Tensor, dtype: tf.DType | None) -> tf.Tensor:
-    return tensor if dtype is None else tf.cast(tensor, dtype)
 
 
 # ---------------------------------------------------------------------------------------------- eager bodies
 def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
-    if _on_gpu(t):
-        return _tensor_out(rt.allreduce(_device_in(t), name=name, op=op, prescale_factor=pre,
+    if on_gpu(t):
+        return tensor_out(rt.allreduce(device_in(t), name=name, op=op, prescale_factor=pre,
                                         postscale_factor=post, process_set=ps), t.dtype)
-    buf = _aligned_copy(t)
+    buf = aligned_copy(t)
     rt.allreduce_(buf, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
-    return _tensor_out(buf)
+    return tensor_out(buf)
 
 
 def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
                              ps: Any) -> list[tf.Tensor]:
     """One in-place allreduce per dtype over a packed aligned buffer; results are views of it. GPU tensors: one
     grouped allreduce on the device (the runtime fuses it)."""
-    if all(_on_gpu(t) for t in tensors):
-        outs = rt.grouped_allreduce([_device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
+    if all(on_gpu(t) for t in tensors):
+        outs = rt.grouped_allreduce([device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
                                     postscale_factor=post, process_set=ps)
-        return [_tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
-    arrays = [_numpy_in(t) for t in tensors]
+        return [tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
+    arrays = [numpy_in(t) for t in tensors]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
@@ -271,39 +60,39 @@ def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op:
         rt.allreduce_(buffer, name=group_name, op=op, prescale_factor=pre, postscale_factor=post,
                       process_set=ps)
         for i, view in zip(indices, views):
-            results[i] = _tensor_out(view)
+            results[i] = tensor_out(view)
     return results
 
 
 def _eager_allgather(t: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
-    return _tensor_out(rt.allgather(_runtime_in(t), name=name, process_set=ps), t.dtype)
+    return tensor_out(rt.allgather(runtime_in(t), name=name, process_set=ps), t.dtype)
 
 
 def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
-    if _on_gpu(t):
-        return _tensor_out(rt.broadcast(_device_in(t), root_rank, name=name, process_set=ps), t.dtype)
-    buf = _aligned_copy(t)
+    if on_gpu(t):
+        return tensor_out(rt.broadcast(device_in(t), root_rank, name=name, process_set=ps), t.dtype)
+    buf = aligned_copy(t)
     rt.broadcast_(buf, root_rank, name=name, process_set=ps)
-    return _tensor_out(buf)
+    return tensor_out(buf)
 
 
 def _eager_alltoall(t: tf.Tensor, splits: Any, name: str | None, ps: Any) -> list[tf.Tensor]:
-    array = _runtime_in(t)
+    array = runtime_in(t)
     size = set_rank_size(ps)[1]
     rows = t.shape[0] if t.shape.rank else None
     if splits is None and rows is not None and rows % size == 0:
         # equal parts, as explicit splits: the runtime then also says how many rows came from each rank (ranks
         # may send different numbers of rows; the gradient sends them back with these)
         splits = np.full(size, rows // size, dtype=np.int32)
-    splits_array = None if splits is None else np.asarray(_numpy_in(splits), dtype=np.int32)
+    splits_array = None if splits is None else np.asarray(numpy_in(splits), dtype=np.int32)
     output, received = rt.alltoall(array, splits=splits_array, name=name, process_set=ps)
-    return [_tensor_out(output, t.dtype), tf.constant(np.asarray(received, dtype=np.int32))]
+    return [tensor_out(output, t.dtype), tf.constant(np.asarray(received, dtype=np.int32))]
 
 
 def _eager_reducescatter(t: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
-    out = rt.reducescatter(_runtime_in(t), name=name, op=op, prescale_factor=pre, postscale_factor=post,
+    out = rt.reducescatter(runtime_in(t), name=name, op=op, prescale_factor=pre, postscale_factor=post,
                            process_set=ps)
-    return _tensor_out(out, t.dtype)
+    return tensor_out(out, t.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- differentiable ops
@@ -314,8 +103,8 @@ def _eager_reducescatter(t: tf.Tensor, name: str | None, op: Any, pre: float, po
 def _reduce_dense(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        label = _graph_name("Allreduce", [x], name)
-        y = _run(lambda t: _eager_allreduce(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
+        label = graph_name("Allreduce", [x], name)
+        y = run_op(lambda t: _eager_allreduce(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
         y.set_shape(x.shape)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
@@ -324,16 +113,16 @@ def _reduce_dense(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post
             return _reduce_dense(dy, None, op, pre, post, ps)
         return y, grad
 
-    wide, dtype = _widen(tf.convert_to_tensor(tensor))
-    return _narrow(forward(wide), dtype)
+    wide, dtype = widen(tf.convert_to_tensor(tensor))
+    return narrow(forward(wide), dtype)
 
 
 def _reduce_grouped(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
                     ps: Any) -> list[tf.Tensor]:
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
-        label = _graph_name("GroupedAllreduce", [xs[0], xs[-1]], name)
-        ys = _run(lambda *ts: _eager_grouped_allreduce(ts, label, op, pre, post, ps), list(xs),
+        label = graph_name("GroupedAllreduce", [xs[0], xs[-1]], name)
+        ys = run_op(lambda *ts: _eager_grouped_allreduce(ts, label, op, pre, post, ps), list(xs),
                   [x.dtype for x in xs], label)
         for y, x in zip(ys, xs):
             y.set_shape(x.shape)
@@ -344,31 +133,31 @@ def _reduce_grouped(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre
             return _reduce_grouped(dys, None, op, pre, post, ps)
         return ys, grad
 
-    widened = [_widen(tf.convert_to_tensor(t)) for t in tensors]
+    widened = [widen(tf.convert_to_tensor(t)) for t in tensors]
     outs = forward(*[w for w, _ in widened])
-    return [_narrow(o, d) for o, (_, d) in zip(outs, widened)]
+    return [narrow(o, d) for o, (_, d) in zip(outs, widened)]
 
 
 def _gather(tensor: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        label = _graph_name("Allgather", [x], name)
-        y = _run(lambda t: _eager_allgather(t, label, ps), [x], [x.dtype], label)[0]
+        label = graph_name("Allgather", [x], name)
+        y = run_op(lambda t: _eager_allgather(t, label, ps), [x], [x.dtype], label)[0]
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             return _gather_grad(dy, x, ps)
         return y, grad
 
-    wide, dtype = _widen(tf.convert_to_tensor(tensor))
-    return _narrow(forward(wide), dtype)
+    wide, dtype = widen(tf.convert_to_tensor(tensor))
+    return narrow(forward(wide), dtype)
 
 
 def _bcast(tensor: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        label = _graph_name("Broadcast", [x], name)
-        y = _run(lambda t: _eager_broadcast(t, root_rank, label, ps), [x], [x.dtype], label)[0]
+        label = graph_name("Broadcast", [x], name)
+        y = run_op(lambda t: _eager_broadcast(t, root_rank, label, ps), [x], [x.dtype], label)[0]
         y.set_shape(x.shape)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
@@ -376,16 +165,16 @@ def _bcast(tensor: tf.Tensor, root_rank: int, name: str | None, ps: Any) -> tf.T
             return averaged if rt.rank() == root_rank else averaged * 0
         return y, grad
 
-    wide, dtype = _widen(tf.convert_to_tensor(tensor))
-    return _narrow(forward(wide), dtype)
+    wide, dtype = widen(tf.convert_to_tensor(tensor))
+    return narrow(forward(wide), dtype)
 
 
 def _exchange(tensor: tf.Tensor, splits: Any, name: str | None, ps: Any) -> tuple[tf.Tensor, tf.Tensor]:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        label = _graph_name("Alltoall", [x], name)
+        label = graph_name("Alltoall", [x], name)
         inputs = [x] if splits is None else [x, tf.cast(splits, tf.int32)]
-        y, received = _run(lambda t, *s: _eager_alltoall(t, s[0] if s else None, label, ps), inputs,
+        y, received = run_op(lambda t, *s: _eager_alltoall(t, s[0] if s else None, label, ps), inputs,
                            [x.dtype, tf.int32], label)
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([set_rank_size(ps)[1]])
@@ -394,24 +183,24 @@ def _exchange(tensor: tf.Tensor, splits: Any, name: str | None, ps: Any) -> tupl
             return _exchange(dy, received, None, ps)[0]
         return (y, received), grad
 
-    wide, dtype = _widen(tf.convert_to_tensor(tensor))
+    wide, dtype = widen(tf.convert_to_tensor(tensor))
     y, received = forward(wide)
-    return _narrow(y, dtype), tf.stop_gradient(received)
+    return narrow(y, dtype), tf.stop_gradient(received)
 
 
 def _scatter(tensor: tf.Tensor, name: str | None, op: Any, pre: float, post: float, ps: Any) -> tf.Tensor:
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        label = _graph_name("Reducescatter", [x], name)
-        y = _run(lambda t: _eager_reducescatter(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
+        label = graph_name("Reducescatter", [x], name)
+        y = run_op(lambda t: _eager_reducescatter(t, label, op, pre, post, ps), [x], [x.dtype], label)[0]
         y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             return _scatter_grad(dy, op, pre, post, ps)
         return y, grad
 
-    wide, dtype = _widen(tf.convert_to_tensor(tensor))
-    return _narrow(forward(wide), dtype)
+    wide, dtype = widen(tf.convert_to_tensor(tensor))
+    return narrow(forward(wide), dtype)
 
 
 def _gather_grad(dy: tf.Tensor, x: tf.Tensor, ps: Any) -> tf.Tensor:
@@ -437,8 +226,8 @@ def _grouped(kind: str, eager_group: Callable[..., list[np.ndarray]], grad_one: 
     gradient of each output is that of the single op (``grad_one(dy, x)``), as in Horovod."""
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
-        label = _graph_name(kind, [xs[0], xs[-1]], name)
-        ys = _run(lambda *ts: [_tensor_out(a, t.dtype) for a, t in zip(eager_group([_runtime_in(t) for t in ts],
+        label = graph_name(kind, [xs[0], xs[-1]], name)
+        ys = run_op(lambda *ts: [tensor_out(a, t.dtype) for a, t in zip(eager_group([runtime_in(t) for t in ts],
                                                                                   label), ts)], list(xs),
                   [x.dtype for x in xs], label)
         for y, x in zip(ys, xs):
@@ -448,9 +237,9 @@ def _grouped(kind: str, eager_group: Callable[..., list[np.ndarray]], grad_one: 
             return [grad_one(dy, x) for dy, x in zip(dys, xs)]
         return ys, grad
 
-    widened = [_widen(tf.convert_to_tensor(t)) for t in tensors]
+    widened = [widen(tf.convert_to_tensor(t)) for t in tensors]
     outs = forward(*[w for w, _ in widened])
-    return [_narrow(o, d) for o, (_, d) in zip(outs, widened)]
+    return [narrow(o, d) for o, (_, d) in zip(outs, widened)]
 
 
 def _reduce_sparse(slices: Sequence[tf.IndexedSlices], op: Any, pre: float, post: float, ps: Any,
@@ -472,7 +261,7 @@ def _reduce_sparse(slices: Sequence[tf.IndexedSlices], op: Any, pre: float, post
 
 
 # ---------------------------------------------------------------------------------------------- public ops
-@_not_converted
+@not_converted
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None, process_set: Any = global_process_set,
@@ -488,7 +277,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     return compression.decompress(reduced, ctx)
 
 
-@_not_converted
+@not_converted
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
                       device_sparse: str = "", compression: type[Compressor] = Compression.none, op: Any = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -517,14 +306,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     return out
 
 
-@_not_converted
+@not_converted
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = global_process_set) -> tf.Tensor:
     """Concatenates every rank's tensor along the first dimension (sizes may differ; differentiable)."""
     return _gather(tf.convert_to_tensor(tensor), name, process_set)
 
 
-@_not_converted
+@not_converted
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: Any = global_process_set) -> list[tf.Tensor]:
     """Allgathers several tensors as one operation (differentiable)."""
@@ -534,14 +323,14 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_na
                     lambda dy, x: _gather_grad(dy, x, process_set), tensors, name)
 
 
-@_not_converted
+@not_converted
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = global_process_set) -> tf.Tensor:
     """Returns ``root_rank``'s value of ``tensor`` (differentiable: the root's input gets the summed gradient)."""
     return _bcast(tf.convert_to_tensor(tensor), root_rank, name, process_set)
 
 
-@_not_converted
+@not_converted
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
              process_set: Any = global_process_set) -> Any:
     """Scatters slices of ``tensor`` (first dimension) to every rank and gathers what they send. Returns the
@@ -550,7 +339,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     return output if splits is None else (output, received)
 
 
-@_not_converted
+@not_converted
 def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compressor] = Compression.none,
                   op: Any = None, name: str | None = None, process_set: Any = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
@@ -562,7 +351,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compres
     return compression.decompress(out, ctx)
 
 
-@_not_converted
+@not_converted
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: Any = None,
                           process_set: Any = global_process_set, prescale_factor: float = 1.0,
@@ -582,14 +371,14 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
-@_not_converted
+@not_converted
 def join() -> tf.Tensor:
     """Marks this rank as out of data; once every rank has joined, returns the rank that joined last (a scalar
     int32 tensor, as Horovod's op; in a ``tf.function`` it joins when the graph runs)."""
-    return _run(lambda: tf.constant(rt.join(), dtype=tf.int32), [], [tf.int32])[0]
+    return run_op(lambda: tf.constant(rt.join(), dtype=tf.int32), [], [tf.int32])[0]
 
 
-@_not_converted
+@not_converted
 def barrier(process_set: Any = global_process_set) -> None:
     rt.barrier(process_set=process_set)
 

@@ -7,9 +7,9 @@ import numpy as np
 import tensorflow as tf
 
 import hpcvod.tensorflow as hvd
-from hpcvod.frameworks.tensorflow import functions, mpi_ops
+from hpcvod.frameworks.tensorflow import bridge, functions, mpi_ops
 
-mpi_ops._on_gpu = functions._on_gpu = lambda t: True   # every tensor takes the GPU branch
+bridge.on_gpu = mpi_ops.on_gpu = functions.on_gpu = lambda t: True   # every tensor takes the GPU branch
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 checks = 0

@@ -17,7 +17,7 @@ from tf_common import RANK, SIZE, rank_data  # noqa: E402
 import hpcvod.tensorflow as hvd  # noqa: E402
 import hpcvod.tensorflow.keras as hvdk  # noqa: E402
 from hpcvod.frameworks._common import aligned_empty  # noqa: E402
-from hpcvod.frameworks.tensorflow.mpi_ops import _numpy_in, _tensor_out  # noqa: E402
+from hpcvod.frameworks.tensorflow.bridge import numpy_in, tensor_out  # noqa: E402
 
 check = Checks()
 
@@ -53,16 +53,16 @@ def ops_eager_every_op_and_dtype():
 @check
 def ops_zero_copy_views():
     t = tf.constant(rank_data(RANK, (256, 256)))
-    view = _numpy_in(t)
+    view = numpy_in(t)
     assert not view.flags.owndata and not view.flags.writeable, "input was copied instead of viewed"
     buf = aligned_empty(8, np.float32)
     buf[:] = 7
-    out = _tensor_out(buf)
+    out = tensor_out(buf)
     buf[0] = 42  # the tensor aliases the aligned buffer: no copy on the way out
     assert float(out[0]) == 42.0 and float(out[1]) == 7.0
     unaligned = np.arange(1025, dtype=np.float32)[1:]
     assert unaligned.ctypes.data % 64 != 0
-    close(_tensor_out(unaligned), np.arange(1, 1025))  # copied into an aligned buffer first
+    close(tensor_out(unaligned), np.arange(1, 1025))  # copied into an aligned buffer first
 
 
 @check

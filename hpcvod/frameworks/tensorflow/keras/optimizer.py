@@ -20,7 +20,7 @@ import keras
 import hpcvod.runtime as rt
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
 from hpcvod.frameworks.tensorflow.gradient_tape import GradientReducer
-from hpcvod.frameworks.tensorflow.mpi_ops import _not_converted
+from hpcvod.frameworks.tensorflow.bridge import not_converted
 
 
 class _State:
@@ -35,20 +35,20 @@ class _State:
 class _DistributedOptimizer(keras.optimizers.Optimizer):
     """Body of the classes ``DistributedOptimizer`` swaps in."""
 
-    @_not_converted
+    @not_converted
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         if not self.gradient_accumulation_steps:
             variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
             grads = self._hvd.reducer.reduce(list(grads), list(variables))
         return super(self._hvd_base, self).apply(grads, trainable_variables)
 
-    @_not_converted
+    @not_converted
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
         # Remembered (while tracing) for _clip_gradients, which Keras calls without the variables.
         self._hvd.update_variables = list(trainable_variables)
         return super(self._hvd_base, self)._backend_apply_gradients(grads, trainable_variables)
 
-    @_not_converted
+    @not_converted
     def _clip_gradients(self, grads: Any) -> Any:
         steps = self.gradient_accumulation_steps
         if steps:
