@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from .config import PIN_GPU
 
@@ -19,7 +19,7 @@ DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED = 1, 2, 3, 13
 _DEVICE_TYPES = (DLPACK_CUDA, DLPACK_CUDA_MANAGED)
 
 _lock = threading.Lock()
-_probe: Optional[tuple[Any, Any, str]] = None   # (cupy module or None, nccl module or None, why not)
+_probe: tuple[Any, Any, str] | None = None   # (cupy module or None, nccl module or None, why not)
 
 
 class Bfloat16Words:
@@ -113,7 +113,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------- pinning
-def pin_enabled(env: Optional[dict] = None) -> bool:
+def pin_enabled(env: dict | None = None) -> bool:
     """HPCVOD_PIN_GPU / HOROVOD_PIN_GPU (default on): whether init() selects the GPU from local_rank."""
     return PIN_GPU.read(True, env)
 

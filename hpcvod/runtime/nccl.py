@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class DeviceOps:
         self.cupy = gpu.probe()[0]
         self._nccl_mod = gpu.probe()[1]
         self._comm: Any = None
-        self._topology: Optional[Topology] = None
+        self._topology: Topology | None = None
         self._local: Any = None
         self._cross: Any = None
         self._hierarchical = hierarchical and self.backend == "nccl"

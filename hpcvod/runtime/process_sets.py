@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence
 
 from .errors import HpcvodInputError
 
@@ -15,8 +15,8 @@ class ProcessSet:
     as ``process_set=`` to any collective. ``hvd.global_process_set`` (id 0) holds every rank.
     """
 
-    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
-        self.process_set_id: Optional[int] = None
+    def __init__(self, ranks_or_comm: Sequence[int] | Any) -> None:
+        self.process_set_id: int | None = None
         self.mpi_comm: Any = None
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
@@ -32,7 +32,7 @@ class ProcessSet:
                 raise HpcvodInputError(f"ProcessSet ranks must be distinct, got {ranks}")
             self.ranks = sorted(ranks)
         self._lane: Any = None          # the engine lane on members, None elsewhere
-        self._my_rank: Optional[int] = None
+        self._my_rank: int | None = None
 
     def _register(self, set_id: int, ranks: list[int], my_global_rank: int, lane: Any) -> None:
         self.process_set_id = set_id
@@ -45,15 +45,15 @@ class ProcessSet:
         self._lane = None
         self._my_rank = None
 
-    def size(self) -> Optional[int]:
+    def size(self) -> int | None:
         """Number of ranks in the set (None before it is registered)."""
         return None if self.process_set_id is None else len(self.ranks)
 
-    def rank(self) -> Optional[int]:
+    def rank(self) -> int | None:
         """This process's rank inside the set (None if it is not a member or the set is not registered)."""
         return self._my_rank
 
-    def included(self) -> Optional[bool]:
+    def included(self) -> bool | None:
         """Whether this process is a member (None before the set is registered)."""
         return None if self.process_set_id is None else self._my_rank is not None
 

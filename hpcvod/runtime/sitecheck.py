@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .world import hostname, launcher_rank
 
@@ -125,7 +125,7 @@ class CapturedOutput:
     and talks: MPI libraries print their transport choice through C stdio, which Python's sys.stdout never sees.
     On an exception the captured text goes back to stderr, so the job's output still explains the failure."""
 
-    def __init__(self, path: Optional[Path]) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path, self.text = path, ""
 
     def __enter__(self) -> "CapturedOutput":
@@ -174,7 +174,7 @@ def _pingpong(comm: Any, peer: int, me: int, nbytes: int, reps: int) -> float:
     return (time.perf_counter() - start) / reps / 2
 
 
-def _p2p(comm: Any, peer: Optional[int], me: int, max_bytes: int) -> Optional[dict[str, Any]]:
+def _p2p(comm: Any, peer: int | None, me: int, max_bytes: int) -> dict[str, Any] | None:
     if peer is None:
         return None
     latency = _pingpong(comm, peer, me, LATENCY_BYTES, PING_REPS)
@@ -228,14 +228,14 @@ def _device_allreduce(hvd: Any, comm: Any, max_bytes: int, links: dict[str, Any]
             "why": ops.why_not_nccl if ops is not None else ""}
 
 
-def _peers(hosts: list[str]) -> tuple[Optional[int], Optional[int]]:
+def _peers(hosts: list[str]) -> tuple[int | None, int | None]:
     """Rank 0's partner inside its node and across nodes (None where the layout has none)."""
     intra = next((r for r, h in enumerate(hosts) if r and h == hosts[0]), None)
     inter = next((r for r, h in enumerate(hosts) if h != hosts[0]), None)
     return intra, inter
 
 
-def probe(request: dict[str, Any], before_mpi: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+def probe(request: dict[str, Any], before_mpi: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Everything one rank can tell about the site; rank 0's record also carries the link measurements.
     ``before_mpi`` gets the record as it stands before MPI starts: an MPI that aborts the process (a wrong
     interface setting) leaves no Python exception, and that early record is then the only evidence."""
@@ -279,7 +279,7 @@ def probe(request: dict[str, Any], before_mpi: Optional[Callable[[dict[str, Any]
     return record
 
 
-def _start_and_measure(hvd: Any, request: dict[str, Any], record: dict[str, Any], out: Optional[str]) -> bool:
+def _start_and_measure(hvd: Any, request: dict[str, Any], record: dict[str, Any], out: str | None) -> bool:
     """hvd.init() (its error kept as evidence: False), the world as this rank sees it, and the link measurements."""
     try:
         hvd.init()
