@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json as _json
 import os as _os
+import sys as _sys
+import zipfile as _zipfile
 from types import ModuleType as _ModuleType
 from typing import Any as _Any
 
@@ -20,6 +23,11 @@ from hpcvod.frameworks._common import runtime_basics as _runtime_basics  # noqa:
 globals().update(_runtime_basics())
 
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor  # noqa: E402,F401
+from hpcvod.frameworks.tensorflow.keras._keras2_compile import (  # noqa: E402
+    accept_keras2_compile_arguments as _accept_keras2_compile_arguments,
+)
+
+_accept_keras2_compile_arguments()
 from hpcvod.frameworks.tensorflow.functions import (  # noqa: E402,F401
     allgather_object, broadcast_object, broadcast_variables,
 )
@@ -83,17 +91,40 @@ def __getattr__(name: str) -> _Any:
     return _lazy_runtime_attribute(__name__, name)
 
 
+def _saved_optimizer_class_name(filepath: str) -> str | None:
+    """The class name of the compiled optimizer in a Keras 3 ``.keras`` file (None for other files)."""
+    try:
+        with _zipfile.ZipFile(filepath) as archive:
+            config = _json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, _zipfile.BadZipFile):
+        return None
+    optimizer = (config.get("compile_config") or {}).get("optimizer")
+    return optimizer.get("class_name") if isinstance(optimizer, dict) else None
+
+
+def _optimizer_factory_class(name: str, factory: _Any) -> type:
+    """Keras 3 builds a custom object through its ``from_config``; Keras 2 called it with the config's keyword
+    arguments, so Horovod's ``custom_objects={'Opt': lambda **kw: hvd.DistributedOptimizer(Opt(**kw))}`` was a
+    function. This class gives such a function the ``from_config`` Keras 3 asks for."""
+    return type(name, (), {"from_config": classmethod(lambda cls, config, custom_objects=None: factory(**config))})
+
+
 def load_model(filepath: str, custom_optimizers: list[type] | None = None, custom_objects: dict | None = None,
                compression: type[Compressor] = Compression.none, legacy_opts: bool = False, **kwargs: _Any) -> _Any:
     """``keras.models.load_model`` whose compiled optimizer (with its restored state) is made distributed.
 
     ``custom_optimizers`` are optimizer classes the file refers to (added to ``custom_objects`` by class name);
-    ``kwargs`` go to ``DistributedOptimizer``. ``legacy_opts`` (Keras 2's legacy optimizers) is accepted and has
-    no effect: Keras 3 has only its own optimizers.
+    ``kwargs`` go to ``DistributedOptimizer``. A ``custom_objects`` entry for the optimizer may be a function of
+    the optimizer's config (Horovod's Keras 2 form) returning a (distributed) optimizer. ``legacy_opts`` (Keras
+    2's legacy optimizers) is accepted and has no effect: Keras 3 has only its own optimizers.
     """
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls
+    optimizer_name = _saved_optimizer_class_name(filepath)
+    factory = objects.get(optimizer_name) if optimizer_name else None
+    if callable(factory) and not isinstance(factory, type) and not hasattr(factory, "from_config"):
+        objects[optimizer_name] = _optimizer_factory_class(optimizer_name, factory)
     model = _keras.models.load_model(filepath, custom_objects=objects)
     if getattr(model, "optimizer", None) is not None and not hasattr(model.optimizer, "_hvd"):
         DistributedOptimizer(model.optimizer, compression=compression, **kwargs)

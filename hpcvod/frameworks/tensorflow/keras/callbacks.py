@@ -86,7 +86,8 @@ def _current_lr(optimizer: Any) -> float:
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` until ``end_epoch``:
-    at each epoch's start (``staircase``) or at every batch with a fractional epoch.
+    at each epoch's start (``staircase``) or at every batch with a fractional epoch. A number as ``multiplier``
+    decays exponentially, ``multiplier ** (epoch - start_epoch)``, as in Horovod.
 
     ``momentum_correction`` is accepted but has no effect with Keras 3: its optimizers compile momentum as a
     Python float into the training step, so it cannot be rescaled while training (docs/drop-in.md).
@@ -97,7 +98,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                  steps_per_epoch: int | None = None, verbose: int = 0) -> None:
         super().__init__()
         self.initial_lr = initial_lr
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -138,12 +139,14 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramps the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al.,
-    "Accurate, Large Minibatch SGD"), updated at every batch."""
+    "Accurate, Large Minibatch SGD"), updated at every batch. As in Horovod, batch ``b`` of epoch ``e`` trains
+    with the value of epoch ``e + (b + 1) / steps_per_epoch``, so that an epoch ends on a round value."""
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
                  steps_per_epoch: int | None = None, verbose: int = 0) -> None:
         def multiplier(epoch: float) -> float:
             size = rt.size()
+            epoch += 1.0 / self.steps_per_epoch
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
@@ -153,7 +156,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if epoch == self.end_epoch - 1:
-            self.model.optimizer.learning_rate = self.initial_lr  # the ramp's end point, exactly
+            self.model.optimizer.learning_rate = self.initial_lr  # the ramp's end point, without rounding
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and rt.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "

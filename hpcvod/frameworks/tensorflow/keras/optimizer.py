@@ -4,7 +4,8 @@ The optimizer object itself becomes distributed: its class is swapped for a subc
 the gradients over the ranks before the update (before loss-scale checks, clipping and weight decay, as with one
 big batch). Its variables, state and every reference to it (``model.optimizer``) are kept, so an optimizer
 restored with a model is wrapped in place. The subclass reports the base class's module and name, so models
-saved with it load anywhere as the plain optimizer.
+saved with it load anywhere as the plain optimizer. As in Horovod, each call makes its own class, which keeps the
+call's settings: ``opt.from_config(opt.get_config())`` (or ``type(opt)(**config)``) is distributed the same way.
 
 ``backward_passes_per_step=N`` uses Keras 3's own gradient accumulation (``gradient_accumulation_steps``) and
 reduces only on the update step, the accumulated gradients (summed, or averaged with
@@ -13,14 +14,15 @@ reduces only on the update step, the accumulated gradients (summed, or averaged 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 import hpcvod.runtime as rt
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
 from hpcvod.frameworks.tensorflow.gradient_tape import GradientReducer
-from hpcvod.frameworks.tensorflow.bridge import not_converted
 
 
 class _State:
@@ -35,20 +37,25 @@ class _State:
 class _DistributedOptimizer(keras.optimizers.Optimizer):
     """Body of the classes ``DistributedOptimizer`` swaps in."""
 
-    @not_converted
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Only for copies (from_config, type(opt)(...)): the wrapped optimizer itself is never re-initialised.
+        super(self._hvd_base, self).__init__(*args, **kwargs)
+        object.__setattr__(self, "_hvd", self._hvd_new_state())
+
+    @tf.autograph.experimental.do_not_convert  # called while Keras traces its step: run as Python
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         if not self.gradient_accumulation_steps:
             variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
             grads = self._hvd.reducer.reduce(list(grads), list(variables))
         return super(self._hvd_base, self).apply(grads, trainable_variables)
 
-    @not_converted
+    @tf.autograph.experimental.do_not_convert  # called while Keras traces its step: run as Python
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
         # Remembered (while tracing) for _clip_gradients, which Keras calls without the variables.
         self._hvd.update_variables = list(trainable_variables)
         return super(self._hvd_base, self)._backend_apply_gradients(grads, trainable_variables)
 
-    @not_converted
+    @tf.autograph.experimental.do_not_convert  # called while Keras traces its step: run as Python
     def _clip_gradients(self, grads: Any) -> Any:
         steps = self.gradient_accumulation_steps
         if steps:
@@ -63,18 +70,14 @@ class _DistributedOptimizer(keras.optimizers.Optimizer):
         self._hvd.reducer.register_local_var(var)
 
 
-_classes: dict[type, type] = {}
-
-
-def _distributed_class(base: type) -> type:
-    cls = _classes.get(base)
-    if cls is None:
-        body = {k: v for k, v in _DistributedOptimizer.__dict__.items()
-                if k not in ("__dict__", "__weakref__", "__doc__")}
-        cls = type(base.__name__, (base,), body)
-        cls._hvd_base = cls
-        cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
-        _classes[base] = cls
+def _distributed_class(base: type, new_state: Callable[[], _State]) -> type:
+    """A subclass of ``base`` with the distributed ``apply``; ``new_state`` gives each copy its settings."""
+    body = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+            if k not in ("__dict__", "__weakref__", "__doc__")}
+    cls = type(base.__name__, (base,), body)
+    cls._hvd_base = cls
+    cls._hvd_new_state = staticmethod(new_state)
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
     return cls
 
 
@@ -108,8 +111,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             raise ValueError("backward_passes_per_step > 1 needs an optimizer that is not built yet: wrap it "
                              "before model.compile()/fit()")
         optimizer.gradient_accumulation_steps = backward_passes_per_step
-    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-                              process_set, scale_local_gradients)
-    object.__setattr__(optimizer, "_hvd", _State(reducer, average_aggregated_gradients))
-    object.__setattr__(optimizer, "__class__", _distributed_class(type(optimizer)))
+    def new_state() -> _State:
+        reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+                                  process_set, scale_local_gradients)
+        return _State(reducer, average_aggregated_gradients)
+
+    object.__setattr__(optimizer, "_hvd", new_state())
+    object.__setattr__(optimizer, "__class__", _distributed_class(type(optimizer), new_state))
     return optimizer
