@@ -44,7 +44,7 @@ import time
 import zipfile
 from pathlib import Path
 from types import FrameType
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from hpcvod.support.safe_read import Refused, json_kind, load_json, open_regular
 from .errors import HpcvodConfigError, HpcvodInputError
 
 State = dict[str, Any]
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = str | os.PathLike[str]
 
 FORMAT_VERSION = 1
 _META_KEY = "__hpcvod_checkpoint__"
@@ -65,7 +65,7 @@ REQUEUE_FILE = "requeue-requested"  # rank 0 saved because of a stop: the job sc
 _STOP_FILE_POLL_SECONDS = 1.0       # stat() at most this often: cheap even on a parallel filesystem
 
 
-def default_directory(env: Optional[Mapping[str, str]] = None) -> Path:
+def default_directory(env: Mapping[str, str] | None = None) -> Path:
     """Where checkpoints go: $HPCVOD_CHECKPOINT_DIR, else $HPCVOD_JOB_DIR/checkpoints (docs/contract.md).
 
     A job folder belongs to one submission and survives its requeues, so a requeued job resumes while a new
@@ -270,7 +270,7 @@ class Checkpoint:
     then requeues the job. docs/preemption.md describes the whole cycle.
     """
 
-    def __init__(self, directory: Optional[PathLike] = None, *, keep: int = 2,
+    def __init__(self, directory: PathLike | None = None, *, keep: int = 2,
                  signals: Sequence[int] = DEFAULT_SIGNALS, prefix: str = "ckpt") -> None:
         if keep < 1:
             raise HpcvodInputError(f"Checkpoint(keep={keep}): keep at least 1 checkpoint")
@@ -283,24 +283,24 @@ class Checkpoint:
         self._stopping = False
         self.keep = keep
         self.prefix = prefix
-        self.resumed_from: Optional[int] = None  # the step restore() found, None for a fresh start
+        self.resumed_from: int | None = None  # the step restore() found, None for a fresh start
         self._unreadable: set[int] = set()        # steps whose files restore() skipped (rank 0)
         self._pattern = re.compile(rf"{re.escape(prefix)}-(\d+)\.npz")
-        self._signal: Optional[int] = None
+        self._signal: int | None = None
         self._previous: dict[int, Any] = {}
         for signum in signals:
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     # -- signals -------------------------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signal is None:
             print(f"hpcvod checkpoint: rank {_rank()} got {signal.Signals(signum).name}; saving and stopping at "
                   f"the next stop_requested()", file=sys.stderr, flush=True)
         self._signal = signum
 
     @property
-    def signalled(self) -> Optional[int]:
+    def signalled(self) -> int | None:
         """The stop signal this process received (None if none); stop_requested() is the collective answer."""
         return self._signal
 
@@ -352,13 +352,13 @@ class Checkpoint:
             return []
         return sorted(int(m.group(1)) for m in map(self._pattern.fullmatch, names) if m)
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         steps = self.steps()
         return steps[-1] if steps else None
 
     # -- collective operations -----------------------------------------------------------------------------
 
-    def save(self, state: Mapping[str, Any], step: Optional[int] = None) -> Optional[Path]:
+    def save(self, state: Mapping[str, Any], step: int | None = None) -> Path | None:
         """Save `state` as the checkpoint of `step` (default: state["step"]). Collective: every rank calls it,
         rank 0 writes, and when it returns on any rank the file is complete on disk. Returns the path on rank 0.
         """
@@ -369,7 +369,7 @@ class Checkpoint:
         step = int(step)
         if step < 0:
             raise HpcvodInputError(f"Checkpoint.save(step={step}): steps are >= 0")
-        written: Optional[Path] = None
+        written: Path | None = None
         error = ""
         if _rank() == 0:
             try:

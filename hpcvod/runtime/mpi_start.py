@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .config import Settings
 from .errors import HpcvodError
@@ -89,7 +89,7 @@ def disarm_abort_hook() -> None:
         sys.excepthook = _previous_hook
 
 
-def start_mpi(timeout: Optional[float] = None) -> ModuleType:
+def start_mpi(timeout: float | None = None) -> ModuleType:
     """``mpi4py.MPI``, running MPI_Init under a deadline of ``timeout`` seconds if MPI is not started yet.
 
     ``from mpi4py import MPI`` starts MPI unless the script set ``mpi4py.rc.initialize = False`` (to leave that
@@ -129,7 +129,7 @@ def _finalize_started_mpi(MPI: ModuleType) -> None:
         MPI.Finalize()
 
 
-def deadline(timeout: float, message: str) -> Optional[subprocess.Popen]:
+def deadline(timeout: float, message: str) -> subprocess.Popen | None:
     """A watcher that prints ``message`` and ends this process unless :func:`release` comes within
     ``timeout`` seconds (for C calls that block with the GIL held, where no Python timer can fire)."""
     if timeout <= 0 or not sys.executable:
@@ -138,7 +138,7 @@ def deadline(timeout: float, message: str) -> Optional[subprocess.Popen]:
                             stdin=subprocess.PIPE, close_fds=True)
 
 
-def release(watcher: Optional[subprocess.Popen]) -> None:
+def release(watcher: subprocess.Popen | None) -> None:
     if watcher is not None:
         watcher.stdin.close()   # EOF: the watcher leaves at once
         watcher.wait()

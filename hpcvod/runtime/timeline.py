@@ -38,7 +38,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 from .errors import HpcvodInputError
 from .handles import KIND_NAMES
@@ -118,9 +118,10 @@ class Timeline:
         self.path = path
         self.rank = rank
         self.mark_cycles = mark_cycles
-        self.write_error: Optional[str] = None   # why the timeline stopped being written, once it did
+        self.write_error: str | None = None   # why the timeline stopped being written, once it did
         self.dropped = 0                         # records lost because the writer fell MAX_PENDING behind
         self._origin = time.perf_counter()
+        self._owner_pid = os.getpid()   # a forked child (a data loader's worker) inherits this object: it writes nothing
         epoch_micros = round((time.time() - (time.perf_counter() - self._origin)) * 1e6)
         self._fd: int | None = _open_private(path)   # OSError / _Refused go to the caller (open_timeline)
         self._positional = stat.S_ISREG(os.fstat(self._fd).st_mode)   # else a stream (a device): no ']' kept
@@ -155,12 +156,12 @@ class Timeline:
         """The operations of ``handles`` ended at ``end``: their <OP> span ends."""
         self._record((_EXECUTED, handles, end))
 
-    def span(self, tensor: str, phase: str, start: float, end: float, args: Optional[dict] = None) -> None:
+    def span(self, tensor: str, phase: str, start: float, end: float, args: dict | None = None) -> None:
         """An activity of ``tensor``'s operation (QUEUE, MPI_ALLREDUCE, ...) from ``start`` to ``end``."""
         self._record((_SPANS, (tensor,), phase, start, end, args))
 
     def spans(self, tensors: list[str], phase: str, start: float, end: float,
-              args: Optional[dict] = None) -> None:
+              args: dict | None = None) -> None:
         """The same activity for several tensors (one fused buffer)."""
         self._record((_SPANS, tensors, phase, start, end, args))
 
@@ -177,7 +178,7 @@ class Timeline:
         """Write every record that has come so far (the writer thread does this every WRITE_EVERY seconds)."""
         with self._lock:
             pending = self._pending
-            if not pending:
+            if not pending or os.getpid() != self._owner_pid:
                 return
             out: list[str] = []
             for _ in range(len(pending)):   # what has come so far: a busy engine cannot keep this loop going
@@ -284,6 +285,8 @@ class Timeline:
     def close(self) -> None:
         """Write what is left and close the file (a complete JSON document); never raises (a write error is
         reported, see _stop_writing). Operations still running stay open (Chrome shows them unfinished)."""
+        if os.getpid() != self._owner_pid:   # a forked child: the file and its offsets are the parent's
+            return
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
@@ -305,7 +308,7 @@ class Timeline:
                 self.dropped = 0
 
 
-def open_timeline(path: str, rank: int, mark_cycles: bool = False) -> Optional[Timeline]:
+def open_timeline(path: str, rank: int, mark_cycles: bool = False) -> Timeline | None:
     """The Timeline this rank should write for ``path`` (None where another rank writes it); HpcvodInputError,
     one line, when the file cannot be created (its folder must exist: none is created; a symbolic link, another
     user's file or a FIFO at the path is refused)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 from .config import WORLD_SIZE
 from .errors import HpcvodWorldSizeError
@@ -33,7 +33,7 @@ class SizePromise:
     source: str
 
 
-def launcher_promises(env: Optional[Mapping[str, str]] = None) -> list[SizePromise]:
+def launcher_promises(env: Mapping[str, str] | None = None) -> list[SizePromise]:
     """Every world size the environment promises, in the order they are checked."""
     env = os.environ if env is None else env
     promises: list[SizePromise] = []
@@ -68,7 +68,7 @@ def launcher_promises(env: Optional[Mapping[str, str]] = None) -> list[SizePromi
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
-def launcher_rank(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
+def launcher_rank(env: Mapping[str, str] | None = None) -> int | None:
     """This process's rank as the launcher announced it (no MPI call), or None when none did."""
     env = os.environ if env is None else env
     return next((int(env[var]) for var in _LAUNCHER_RANK_VARS if env.get(var, "").isdigit()), None)
@@ -97,7 +97,7 @@ _FIX_BY_FLAVOUR = {
 
 
 def check_world_size(actual: int, library_version: str,
-                     env: Optional[Mapping[str, str]] = None) -> None:
+                     env: Mapping[str, str] | None = None) -> None:
     """Raise HpcvodWorldSizeError when the MPI world size differs from a launcher's promise."""
     env = os.environ if env is None else env
     promises = launcher_promises(env)
