@@ -144,6 +144,32 @@ def test_a_job_killed_mid_run_leaves_complete_json(tmp_path: Path) -> None:
     assert sum(1 for e in events if e["ph"] == "B") == 100
 
 
+def test_a_forked_child_does_not_write_into_the_parents_timeline(tmp_path: Path) -> None:
+    """A data loader's worker forked with records pending, exiting through close() after the parent wrote on,
+    must not write them (over the parent's later events) at the offsets it inherited."""
+    path = tmp_path / "tl.json"
+    tl = Timeline(str(path), 0)
+    go_read, go_write = os.pipe()
+    with tl._lock:   # records pending at the fork
+        tl.span("before.fork", "MPI_ALLREDUCE", 0.0, 1.0)
+        child = os.fork()
+        if child == 0:
+            tl._lock.release()
+            os.read(go_read, 1)        # the parent has written on
+            tl.flush()
+            tl.close()
+            os._exit(0)
+    for i in range(50):
+        tl.span(f"after.fork.{i}", "MPI_ALLREDUCE", 1.0, 2.0)
+    tl.flush()
+    os.write(go_write, b"x")
+    assert os.waitpid(child, 0)[1] == 0
+    tl.close()
+    events = json.loads(path.read_text())
+    labels = [e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]]
+    assert labels == ["before.fork"] + [f"after.fork.{i}" for i in range(50)]
+
+
 def test_memory_is_bounded_and_lost_events_are_reported(tmp_path: Path, capsys,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timeline_module, "MAX_PENDING", 10)
