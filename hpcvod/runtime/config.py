@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 from .errors import HpcvodConfigError, first_of
 
@@ -22,8 +22,8 @@ GIB = 1 << 30
 MAX_SECONDS = 30 * 24 * 3600   # 30 days: longer than any batch job's time limit, far below select()'s limit
 
 
-def lookup(name: str, env: Optional[Mapping[str, str]] = None,
-           horovod: bool = True) -> tuple[Optional[str], Optional[str]]:
+def lookup(name: str, env: Mapping[str, str] | None = None,
+           horovod: bool = True) -> tuple[str | None, str | None]:
     """Return ``(variable, value)`` for setting ``name`` (``HPCVOD_<name>`` first, then ``HOROVOD_<name>``)."""
     env = os.environ if env is None else env
     for prefix in ("HPCVOD_", "HOROVOD_") if horovod else ("HPCVOD_",):
@@ -64,9 +64,9 @@ class Setting:
     expected: str
     horovod: bool = True
     blank_is_unset: bool = False
-    bounds: Optional[Bounds] = None
+    bounds: Bounds | None = None
 
-    def read(self, default: Any, env: Optional[Mapping[str, str]] = None) -> Any:
+    def read(self, default: Any, env: Mapping[str, str] | None = None) -> Any:
         """The value in ``env`` (default: os.environ), or ``default`` when unset; HpcvodConfigError when bad."""
         var, raw = lookup(self.name, env, self.horovod)
         if var is None or raw is None or (self.blank_is_unset and not raw.strip()):
@@ -110,7 +110,7 @@ def flag(name: str) -> Setting:
     return Setting(name, _bool, "0 or 1")
 
 
-def choice(name: str, choices: tuple[str, ...], empty: Optional[str] = None, horovod: bool = True,
+def choice(name: str, choices: tuple[str, ...], empty: str | None = None, horovod: bool = True,
            blank_is_unset: bool = False) -> Setting:
     """One of ``choices`` (case-insensitive); an empty value means ``empty`` when given."""
     def parse(raw: str) -> str:
@@ -151,7 +151,7 @@ SHARED_SETTINGS = {"fusion_threshold": "FUSION_THRESHOLD", "cycle_time_ms": "CYC
                    "gpu_operations": "GPU_OPERATIONS", "watchdog": "WATCHDOG"}
 
 
-def settings_disagreement(per_rank: list[tuple]) -> Optional[str]:
+def settings_disagreement(per_rank: list[tuple]) -> str | None:
     """One line naming every shared setting whose value differs between ranks (``Settings.shared()`` of each
     rank, in rank order), or None when they agree."""
     problems = []
@@ -179,7 +179,7 @@ class Settings:
     fusion_threshold: int = 128 * 1024 * 1024
     cycle_time_ms: float = 0.0
     cache_capacity: int = 1024
-    timeline: Optional[str] = None
+    timeline: str | None = None
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
     stall_check_time_seconds: float = 60.0
@@ -196,7 +196,7 @@ class Settings:
         return tuple(getattr(self, field) for field in SHARED_SETTINGS)
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         d = cls()
         _, timeline = lookup("TIMELINE", env)
         return cls(
