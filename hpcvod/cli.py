@@ -341,7 +341,7 @@ def _job_ref(job: str, site_name: str | None = None):
 
     site = discover_site(site_name, detect_host().hostname, schedulers=profile_options())
     scheduler = scheduler_for(site)
-    if scheduler.single_host and not scheduler.job_id_pattern.fullmatch(job):  # its jobs are this machine's only
+    if scheduler.single_host and not job.startswith(scheduler.job_id_prefix):  # its jobs: this machine's only
         raise UserError(f"JOB {job!r}: no job folder records this id under {', '.join(map(str, _roots()))} "
                         "(give the job folder, or run this where you submitted)")
     scheduler.check_job_id(job, "JOB")  # before any scheduler command sees it: "-5" is no option

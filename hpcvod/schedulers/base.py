@@ -131,6 +131,9 @@ class Scheduler:
     single_host: ClassVar[bool] = False
     # The batch system's own launcher kind (Slurm: srun), which no other scheduler's jobs can use.
     own_launcher: ClassVar[str | None] = None
+    # What every one of its job ids starts with ("" for none): on a single-host scheduler, a JOB of another form
+    # is no id of it, and only a job folder can name the job.
+    job_id_prefix: ClassVar[str] = ""
     # A job with a tf.data service compute job (submit --data-service-nodes; docs/data-service.md): how its two
     # parts get their nodes. "components": one heterogeneous job, each part launched in its own component
     # (srun --het-group=0 the compute part, 1 the training); "hostfiles": one job whose host list the script

@@ -141,6 +141,7 @@ class LocalScheduler(Scheduler):
     poll_seconds = 0.2
     job_id_pattern = re.compile(r"local-[1-9][0-9]{0,6}")  # local-PID
     job_id_example = "local-12345"
+    job_id_prefix = "local-"
     single_host = True
     data_service_layout = "here"  # the compute job and the training, two launches on this machine
     refusal_hints = dict.fromkeys(option_names(), "it runs jobs on this machine, without a batch scheduler")
