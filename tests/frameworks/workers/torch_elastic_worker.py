@@ -1,9 +1,9 @@
 """A small elastic PyTorch training run whose failures are scripted (tests/frameworks/test_torch_elastic.py).
 
 ``torch_elastic_worker.py MODE OUT_DIR``; MODE says which ranks fail, and how, in the first world:
-``none``, ``kill`` (the rank that started as 2 SIGKILLs itself mid-epoch, between two commits), ``raise`` (it
-raises instead), ``allraise`` (every rank raises at that point), ``twice`` (rank 2 is killed, then the rank
-that started as 1 after the reset). Each rank that finishes writes OUT_DIR/rank<start rank>.json: its final
+``none``, ``kill`` (the rank that started as 2 SIGKILLs itself mid-epoch, between two commits), ``kill0`` (rank 0,
+the watchdog's hub, does), ``raise`` (rank 2 raises instead), ``allraise`` (every rank raises at that point),
+``twice`` (rank 2 is killed, then the rank that started as 1 after the reset). Each rank that finishes writes OUT_DIR/rank<start rank>.json: its final
 rank and size, the resets it went through, the errors its training function saw, the committed history (the
 samples of every step, from every rank) and the model's parameters.
 
@@ -61,7 +61,8 @@ def main() -> None:
 
     def fails_here() -> bool:
         if state.epoch == FAIL_EPOCH and state.batch == FAIL_AFTER_BATCH and hvd.size() == 3:
-            return mode in ("kill", "raise", "twice") and start_rank == 2 or mode == "allraise"
+            return (mode in ("kill", "raise", "twice") and start_rank == 2 or mode == "kill0" and start_rank == 0
+                    or mode == "allraise")
         return mode == "twice" and hvd.size() == 2 and start_rank == 1 and state.epoch == 1 and state.batch == 2
 
     @hvd.elastic.run
@@ -81,7 +82,7 @@ def main() -> None:
                     if seen["times"]["reset"] and seen["times"]["reset"][-1][1] is None:
                         seen["times"]["reset"][-1][1] = time.time()
                     if fails_here():
-                        if mode in ("kill", "twice"):
+                        if mode in ("kill", "kill0", "twice"):
                             os.kill(os.getpid(), signal.SIGKILL)
                         raise RuntimeError(f"injected failure on the rank that started as {start_rank}")
                     if state.batch % COMMIT_EVERY == 0:
