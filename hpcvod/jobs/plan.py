@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from hpcvod import __version__
 from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, check_env_name, parse_time
-from hpcvod.launchers import LaunchRequest, label_argv, launcher_for
+from hpcvod.launchers import Launcher, LaunchRequest, label_argv, launcher_for, launchers_of_kind
 from hpcvod.machine.host import HostFacts
 from hpcvod.support.shell import ENV_KEY, Verbatim, safe_name
 from hpcvod.schedulers import scheduler_for
@@ -151,7 +151,8 @@ def _data_service_layout(ds: DataServiceSpec, site: Site, scheduler: Scheduler, 
     if options.array:
         raise UserError(f"--array {options.array!r}: not with --data-service-nodes (one compute job serves one "
                         "training job)")
-    if scheduler.data_service_layout == "components" and site.profile.launcher.kind != "srun":
+    if scheduler.data_service_layout == "components" and not all(
+            cls.het_groups for cls in launchers_of_kind(site.profile.launcher.kind)):
         raise UserError(f"{flag}: site {site.name!r} starts ranks with {site.profile.launcher.kind}; the compute "
                         "job's heterogeneous job component needs srun --het-group (launcher.kind: srun)")
     if scheduler.single_host and ds.nodes != 1:
@@ -224,18 +225,55 @@ def _resolve_dependency(expression: str, scheduler: Scheduler) -> str:
     return ",".join(parts)
 
 
-def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:
-    """Every decision about the job; raises UserError (one line) for anything the user must fix."""
-    profile = site.profile
-    scheduler = scheduler_for(site)
+@dataclass(frozen=True)
+class _Layout:
+    """Where the ranks go: the partition, its nodes' CPUs, and how many ranks on how many nodes."""
 
-    # -- partition and what its nodes have
+    partition: str
+    part: Partition
+    node_cpus: int
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+@dataclass(frozen=True)
+class _Program:
+    """What each rank runs: the program's words (a container's wrapper first), and the Pythons that run it and the
+    line labeller; ``srun_container_args``: a pyxis container, which srun itself starts."""
+
+    image: str | None
+    python: str
+    label_python: str
+    wrap: tuple[str, ...]
+    argv: tuple[str, ...]
+    srun_container_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Environment:
+    """The job's variables by where they come from, and the names every rank must see on every node."""
+
+    job_name: str
+    site: dict[str, str]
+    contract: dict[str, str]
+    user: dict[str, str]
+    secret: tuple[str, ...]
+    forward: tuple[str, ...]
+
+
+def _layout(spec: JobSpec, site: Site, scheduler: Scheduler, host: HostFacts) -> _Layout:
+    """The partition and the rank layout: one task per GPU, one per CPU slot when no GPU is asked for."""
+    profile = site.profile
     partition_name = spec.partition or profile.default_partition or next(iter(profile.partitions))
     part = _partition(site, partition_name, "--partition")
     node_cpus = host.cpu_count if part.cpus_per_node == AUTO else part.cpus_per_node
     node_gpus = host.gpu_count if part.gpus_per_node == AUTO else part.gpus_per_node
-
-    # -- rank layout: one task per GPU, one per CPU slot when no GPU is asked for
     _positive(spec.nodes, "--nodes")
     _positive(spec.gpus_per_node, "--gpus-per-node", allow_zero=True)
     _positive(spec.tasks_per_node, "--tasks-per-node")
@@ -256,50 +294,56 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     if not scheduler.single_host and tasks * cpus_per_task > node_cpus:
         raise UserError(f"--tasks-per-node {tasks} x --cpus-per-task {cpus_per_task}: partition {partition_name!r} "
                         f"of site {site.name!r} has {node_cpus} CPUs per node")
-    world = nodes * tasks
+    return _Layout(partition_name, part, node_cpus, nodes, tasks, cpus_per_task, gpus)
 
-    # -- per-job scheduler options: the user's, else the partition's; refused where the scheduler has none
+
+def _job_options(spec: JobSpec, site: Site, scheduler: Scheduler, layout: _Layout) -> JobOptions:
+    """Per-job scheduler options: the user's, else the partition's; refused where the scheduler has none."""
     try:  # the partition's own, named as the profile key that holds them
-        scheduler.check_job_options(part.job_defaults)
+        scheduler.check_job_options(layout.part.job_defaults)
     except UserError as err:
-        raise UserError(f"site {site.name!r}: partitions.{partition_name}.job_defaults: {err}") from None
-    options = merged(part.job_defaults, spec.options)
+        raise UserError(f"site {site.name!r}: partitions.{layout.partition}.job_defaults: {err}") from None
+    options = merged(layout.part.job_defaults, spec.options)
     scheduler.check_job_options(options)
     if options.dependency is not None:
         options = dataclasses.replace(options, dependency=_resolve_dependency(options.dependency, scheduler))
-    array_index_var = scheduler.array_index_var if options.array else None
+    return options
 
-    # -- time and account
+
+def _time_and_account(spec: JobSpec, site: Site, layout: _Layout) -> tuple[int, str | None]:
+    """The walltime in seconds (the partition's default, within its limit) and the account to charge."""
+    part = layout.part
     if spec.time is not None:
         seconds = parse_time(spec.time)
         if part.max_time is not None and seconds > time_seconds(part.max_time):
-            raise UserError(f"--time {spec.time}: partition {partition_name!r} of site {site.name!r} allows at most "
-                            f"{part.max_time}")
+            raise UserError(f"--time {spec.time}: partition {layout.partition!r} of site {site.name!r} allows at "
+                            f"most {part.max_time}")
     else:
         seconds = time_seconds(part.default_time)
-    account = spec.account if spec.account is not None else profile.account
-    if account is not None:
-        if not re.fullmatch(NAME_PATTERN.regex, account):
-            raise UserError(f"--account {account!r}: expected {NAME_PATTERN.meaning}")
-    ds = spec.data_service
-    ds_layout = _data_service_layout(ds, site, scheduler, host, partition_name, world, seconds, options) if ds else None
+    account = spec.account if spec.account is not None else site.profile.account
+    if account is not None and not re.fullmatch(NAME_PATTERN.regex, account):
+        raise UserError(f"--account {account!r}: expected {NAME_PATTERN.meaning}")
+    return seconds, account
 
-    # -- MPI and launcher ('auto' = the MPI installed beside this Python or on PATH)
-    flavour = profile.mpi.flavour
-    executable = profile.launcher.executable
-    if profile.launcher.kind == "srun":
-        if flavour == AUTO or executable == AUTO:
-            raise UserError(f"site {site.name!r}: 'auto' MPI detection does not apply to srun (set mpi.flavour)")
-        executable = executable or "srun"
-    else:
-        if flavour == AUTO or executable == AUTO:
-            host = host.with_mpi(None if executable in (None, AUTO) else executable)
-            assert host.mpi is not None
-            flavour = host.mpi.flavour if flavour == AUTO else flavour
-            executable = host.mpi.launcher if executable == AUTO else executable
-        executable = executable or profile.launcher.kind
 
-    # -- container
+def _mpi(site: Site, host: HostFacts) -> tuple[str, str, HostFacts]:
+    """(MPI flavour, launcher executable, host facts): 'auto' is the MPI installed beside this Python or on PATH,
+    where the launcher is the MPI's own; a batch system's launcher (srun) needs the flavour named."""
+    profile = site.profile
+    kind, flavour, executable = profile.launcher.kind, profile.mpi.flavour, profile.launcher.executable
+    if flavour == AUTO or executable == AUTO:
+        if not all(cls.local_mpi for cls in launchers_of_kind(kind)):
+            raise UserError(f"site {site.name!r}: 'auto' MPI detection does not apply to {kind} (set mpi.flavour)")
+        host = host.with_mpi(None if executable in (None, AUTO) else executable)
+        assert host.mpi is not None
+        flavour = host.mpi.flavour if flavour == AUTO else flavour
+        executable = host.mpi.launcher if executable == AUTO else executable
+    return flavour, executable or kind, host
+
+
+def _program(spec: JobSpec, site: Site, host: HostFacts, gpus: int) -> _Program:
+    """The program each rank runs, inside the site's container where one is asked for."""
+    profile = site.profile
     image = spec.container or profile.container.image
     runtime = profile.container.runtime
     if image and runtime is None:
@@ -320,9 +364,13 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         for mount in profile.container.mounts:
             wrap += ["--bind", mount]
         wrap += [*profile.container.args, image]
-    program = wrap + program
+    return _Program(image, python, label_python, tuple(wrap), tuple(wrap + program), tuple(srun_container_args))
 
-    # -- environment: the site's, the launcher's, the contract's, then the user's
+
+def _environment(spec: JobSpec, site: Site, layout: _Layout, flavour: str, array: bool) -> _Environment:
+    """The site's variables, the contract's (docs/contract.md), the user's and the secret names; a user's that
+    would clash is refused."""
+    profile = site.profile
     job_name = spec.job_name if spec.job_name is not None else Path(spec.program).stem or "job"
     if not job_name.strip():
         raise UserError("--job-name: expected a non-empty name")
@@ -331,7 +379,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     site_env.update(profile.mpi.env)
     site_env.update(profile.mpi.flavour_env.get(flavour, {}))
     site_env.update(profile.env)
-    site_env.update(part.env)
+    site_env.update(layout.part.env)
     user_env: dict[str, str] = {}
     for key, value in spec.env:
         if not ENV_KEY.fullmatch(key):
@@ -347,53 +395,77 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
             raise UserError(f"--env {key}: given both as KEY=VALUE and as a secret KEY; choose one")
         if key in site_env:  # the script's export of the site's value would hide the secret
             raise UserError(f"--env {key}: site {site.name!r} sets it in the script already; choose another name")
-    contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(world), "HPCVOD_JOB_NAME": job_name,
+    contract = {"HPCVOD_SITE": site.name, "HPCVOD_WORLD_SIZE": str(layout.world_size), "HPCVOD_JOB_NAME": job_name,
                 "HPCVOD_MPI_FLAVOUR": flavour}  # hvd.init() checks the MPI it loads against it
-    forward = [*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array_index_var else []),
-               *([DATA_SERVICE_CONFIG_ENV] if ds else []), *user_env, *secret_env]
+    forward = (*site_env, *contract, "HPCVOD_JOB_DIR", *([ARRAY_INDEX_ENV] if array else []),
+               *([DATA_SERVICE_CONFIG_ENV] if spec.data_service else []), *user_env, *secret_env)
+    return _Environment(job_name, site_env, contract, user_env, secret_env, forward)
 
+
+def _data_service_part(ds: DataServiceSpec, ds_layout: tuple[str, int, int, int], launcher: Launcher,
+                       request: LaunchRequest, hostfiles: tuple[str, str] | None, components: bool,
+                       program: _Program, env: _Environment, seconds: int, account: str | None) -> DataServicePart:
+    """The compute job's own launch line beside the training's (same launcher, its own nodes and ranks)."""
+    ds_partition, ds_nodes, ds_tasks, ds_cpus = ds_layout
+    compute_line = launcher.line(dataclasses.replace(
+        request, world_size=ds_nodes * ds_tasks, nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
+        hostfile=Verbatim(hostfiles[0]) if hostfiles else request.hostfile, het_group=0 if components else None))
+    return DataServicePart(
+        scheduler_job_name=safe_name(env.job_name), nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
+        world_size=ds_nodes * ds_tasks, partition=ds_partition, time_seconds=seconds, account=account,
+        dispatchers=ds.dispatchers, dispatcher_side=ds.dispatcher_side,
+        launch_argv=tuple(compute_line.argv) + tuple(label_argv(program.label_python)),
+        program_argv=(*program.wrap, program.python, "-m", COMPUTE_WORKER, "--dispatchers", str(ds.dispatchers),
+                      "--dispatcher-side", ds.dispatcher_side, Verbatim(f'"${DATA_SERVICE_CONFIG_ENV}"')),
+        hostfiles=hostfiles)
+
+
+def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:
+    """Every decision about the job; raises UserError (one line) for anything the user must fix."""
+    profile = site.profile
+    scheduler = scheduler_for(site)
+    layout = _layout(spec, site, scheduler, host)
+    options = _job_options(spec, site, scheduler, layout)
+    array_index_var = scheduler.array_index_var if options.array else None
+    seconds, account = _time_and_account(spec, site, layout)
+    ds = spec.data_service
+    ds_layout = (_data_service_layout(ds, site, scheduler, host, layout.partition, layout.world_size, seconds,
+                                      options) if ds else None)
+    flavour, executable, host = _mpi(site, host)
+    program = _program(spec, site, host, layout.gpus_per_node)
+    env = _environment(spec, site, layout, flavour, array_index_var is not None)
+
+    # -- the launch line (and the compute job's, beside it)
     launcher = launcher_for(profile.launcher.kind, flavour)
     components = ds is not None and scheduler.data_service_layout == "components"
     hostfiles = scheduler.part_hostfiles if ds and scheduler.data_service_layout == "hostfiles" else None
     hostfile = hostfiles[1] if hostfiles else scheduler.hostfile
     request = LaunchRequest(
-        executable=executable, world_size=world, nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
+        executable=executable, world_size=layout.world_size, nodes=layout.nodes,
+        tasks_per_node=layout.tasks_per_node, cpus_per_task=layout.cpus_per_task,
         mpi_plugin=profile.launcher.mpi_plugin, pmi_library=profile.mpi.pmi_library,
         hostfile=Verbatim(hostfile) if hostfile else None, single_host=scheduler.single_host,
-        forward_env=forward, is_root=host.is_root, extra_args=profile.launcher.args,
-        srun_container_args=srun_container_args, het_group=1 if components else None)
+        forward_env=env.forward, is_root=host.is_root, extra_args=profile.launcher.args,
+        srun_container_args=program.srun_container_args, het_group=1 if components else None)
     line = launcher.line(request)
-    data_service = None
-    if ds and ds_layout:
-        ds_partition, ds_nodes, ds_tasks, ds_cpus = ds_layout
-        compute_line = launcher.line(dataclasses.replace(
-            request, world_size=ds_nodes * ds_tasks, nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
-            hostfile=Verbatim(hostfiles[0]) if hostfiles else request.hostfile, het_group=0 if components else None))
-        data_service = DataServicePart(
-            scheduler_job_name=safe_name(job_name), nodes=ds_nodes, tasks_per_node=ds_tasks, cpus_per_task=ds_cpus,
-            world_size=ds_nodes * ds_tasks, partition=ds_partition, time_seconds=seconds, account=account,
-            dispatchers=ds.dispatchers, dispatcher_side=ds.dispatcher_side,
-            launch_argv=tuple(compute_line.argv) + tuple(label_argv(label_python)),
-            program_argv=(*wrap, python, "-m", COMPUTE_WORKER, "--dispatchers", str(ds.dispatchers),
-                          "--dispatcher-side", ds.dispatcher_side, Verbatim(f'"${DATA_SERVICE_CONFIG_ENV}"')),
-            hostfiles=hostfiles)
-    groups = [("site profile", site_env), ("launcher", line.env), ("hpcvod (docs/contract.md)", contract),
-              ("--env", user_env)]
-    env_groups = tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs)
-
+    data_service = (_data_service_part(ds, ds_layout, launcher, request, hostfiles, components, program, env,
+                                       seconds, account) if ds and ds_layout else None)
+    groups = [("site profile", env.site), ("launcher", line.env), ("hpcvod (docs/contract.md)", env.contract),
+              ("--env", env.user)]
     plan = LaunchPlan(
-        site=site.name, site_source=site.source, scheduler=profile.scheduler, job_name=job_name,
-        scheduler_job_name=safe_name(job_name), nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
-        gpus_per_node=gpus, gpu_type=part.gpu_type, world_size=world, partition=partition_name,
-        time_seconds=seconds, account=account, workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
-        launch_argv=tuple(line.argv) + tuple(label_argv(label_python)), program_argv=tuple(program),
-        env_groups=env_groups,
+        site=site.name, site_source=site.source, scheduler=profile.scheduler, job_name=env.job_name,
+        scheduler_job_name=safe_name(env.job_name), nodes=layout.nodes, tasks_per_node=layout.tasks_per_node,
+        cpus_per_task=layout.cpus_per_task, gpus_per_node=layout.gpus_per_node, gpu_type=layout.part.gpu_type,
+        world_size=layout.world_size, partition=layout.partition, time_seconds=seconds, account=account,
+        workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
+        launch_argv=tuple(line.argv) + tuple(label_argv(program.label_python)), program_argv=program.argv,
+        env_groups=tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs),
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
-        directive_prefix=scheduler.directive_prefix, directives=(), container=image, command=tuple(command),
-        secret_env=secret_env, options=options, array_index_var=array_index_var, data_service=data_service,
+        directive_prefix=scheduler.directive_prefix, directives=(), container=program.image,
+        command=tuple(command), secret_env=env.secret, options=options, array_index_var=array_index_var,
+        data_service=data_service,
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
     generated = (scheduler.data_service_directives(data_service, plan) if data_service
                  else scheduler.directives(plan))
     directives = apply_directive_overrides(generated, profile.directives.skip, profile.directives.extra)
     return dataclasses.replace(plan, directives=tuple(directives))
-

@@ -32,17 +32,31 @@ class NoneCompressor(Compressor):
 
 
 class FP16Compressor(Compressor):
-    """Send floating-point tensors as float16 (halves the bytes); other dtypes pass unchanged."""
+    """Send floating-point tensors as float16 (halves the bytes); other dtypes pass unchanged.
+
+    The frameworks' own (hpcvod.torch/tensorflow/mxnet's ``Compression.fp16``) are subclasses that only say how
+    their tensors tell and change their dtype: ``half``, ``is_floating`` and ``cast``. These are NumPy's and
+    CuPy's."""
+
+    half: Any = np.float16
 
     @staticmethod
-    def compress(tensor: np.ndarray) -> tuple[np.ndarray, Any]:
-        if tensor.dtype.kind == "f" and tensor.dtype != np.float16:
-            return tensor.astype(np.float16), tensor.dtype
+    def is_floating(tensor: Any) -> bool:
+        return tensor.dtype.kind == "f"
+
+    @staticmethod
+    def cast(tensor: Any, dtype: Any) -> Any:
+        return tensor.astype(dtype)
+
+    @classmethod
+    def compress(cls, tensor: Any) -> tuple[Any, Any]:
+        if cls.is_floating(tensor) and tensor.dtype != cls.half:
+            return cls.cast(tensor, cls.half), tensor.dtype
         return tensor, None
 
-    @staticmethod
-    def decompress(tensor: np.ndarray, ctx: Any) -> np.ndarray:
-        return tensor if ctx is None else tensor.astype(ctx)
+    @classmethod
+    def decompress(cls, tensor: Any, ctx: Any) -> Any:
+        return tensor if ctx is None else cls.cast(tensor, ctx)
 
 
 class Compression:

@@ -1,4 +1,5 @@
-"""Gradient compression for MXNet NDArrays (Horovod's ``hvd.Compression``)."""
+"""Gradient compression for MXNet NDArrays (Horovod's ``hvd.Compression``). The classes are the runtime's
+(hpcvod/runtime/compression.py); only how an NDArray tells its dtype (a NumPy type, not a dtype) is here."""
 
 from __future__ import annotations
 
@@ -7,44 +8,22 @@ from typing import Any
 import numpy as np
 
 from hpcvod.frameworks.mxnet._mx import mx
+from hpcvod.runtime.compression import Compressor, NoneCompressor
+from hpcvod.runtime.compression import FP16Compressor as _FP16Compressor
 
 
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""
+class FP16Compressor(_FP16Compressor):
+    """Sends floating-point tensors as float16 (half the bytes); other dtypes pass unchanged."""
 
-    @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> tuple[mx.nd.NDArray, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
+    half = np.float16
 
     @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> tuple[mx.nd.NDArray, Any]:
-        return tensor, None
+    def is_floating(tensor: mx.nd.NDArray) -> bool:
+        return bool(np.issubdtype(tensor.dtype, np.floating))
 
     @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16; other dtypes pass unchanged."""
-
-    @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> tuple[mx.nd.NDArray, Any]:
-        if np.issubdtype(tensor.dtype, np.floating) and tensor.dtype != np.float16:
-            return tensor.astype(np.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        return tensor if ctx is None else tensor.astype(ctx)
+    def cast(tensor: mx.nd.NDArray, dtype: Any) -> mx.nd.NDArray:
+        return tensor.astype(dtype)
 
 
 class Compression:
@@ -52,3 +31,6 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

@@ -1,4 +1,5 @@
-"""Gradient compression for TensorFlow tensors (Horovod's ``hvd.Compression``)."""
+"""Gradient compression for TensorFlow tensors (Horovod's ``hvd.Compression``). The classes are the runtime's
+(hpcvod/runtime/compression.py); only how a TensorFlow tensor tells and changes its dtype is here."""
 
 from __future__ import annotations
 
@@ -6,43 +7,22 @@ from typing import Any
 
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        raise NotImplementedError
+from hpcvod.runtime.compression import Compressor, NoneCompressor
+from hpcvod.runtime.compression import FP16Compressor as _FP16Compressor
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
+class FP16Compressor(_FP16Compressor):
+    """Sends floating-point tensors as float16 (half the bytes); other dtypes pass unchanged."""
+
+    half = tf.float16
 
     @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        return tensor, None
+    def is_floating(tensor: tf.Tensor) -> bool:
+        return tensor.dtype.is_floating
 
     @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16; other dtypes pass unchanged."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    def cast(tensor: tf.Tensor, dtype: Any) -> tf.Tensor:
+        return tf.cast(tensor, dtype)
 
 
 class Compression:
@@ -50,3 +30,6 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

@@ -1,5 +1,6 @@
 """Gradient compression for torch tensors (Horovod's ``hvd.Compression``): compress before the allreduce,
-decompress after it. A custom compressor is any class with the two static methods below."""
+decompress after it. A custom compressor is any class with the two static methods of ``Compressor``. The classes
+are the runtime's (hpcvod/runtime/compression.py); only how a torch tensor tells and changes its dtype is here."""
 
 from __future__ import annotations
 
@@ -7,43 +8,22 @@ from typing import Any
 
 import torch
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+from hpcvod.runtime.compression import Compressor, NoneCompressor
+from hpcvod.runtime.compression import FP16Compressor as _FP16Compressor
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(_FP16Compressor):
     """Sends floating-point tensors as float16 (half the bytes); other dtypes pass unchanged."""
 
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-            return tensor.to(torch.float16), tensor.dtype
-        return tensor, None
+    half = torch.float16
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor if ctx is None else tensor.to(ctx)
+    def is_floating(tensor: torch.Tensor) -> bool:
+        return tensor.dtype.is_floating_point
+
+    @staticmethod
+    def cast(tensor: torch.Tensor, dtype: Any) -> torch.Tensor:
+        return tensor.to(dtype)
 
 
 class Compression:
@@ -51,3 +31,6 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
