@@ -133,10 +133,12 @@ class Timeline:
         self._pid_of: dict[str, int] = {}      # tensor name -> the pid of the row it was last negotiated in
         self._open: dict[str, tuple[int, Any]] = {}   # tensor name -> (pid, handle) of its running operation
         self._quoted: dict[str, str] = {}      # phase name -> its JSON string
+        self._args_json: dict[tuple, str] = {}  # an event's args (as items) -> its ',"args":{...}'
+        self._end_args: dict[tuple, str] = {}   # (dtype, shape) -> the args of an operation's end
         self._stop = threading.Event()
-        self._write([self._event("process_name", "M", 0, None, {
+        self._write([self._event("process_name", "M", 0, {
             "name": f"rank {rank}", "rank": rank, "start_time_since_epoch_in_micros": epoch_micros}),
-            self._event("process_sort_index", "M", 0, None, {"sort_index": 0})])
+            self._event("process_sort_index", "M", 0, {"sort_index": 0})])
         self._thread = threading.Thread(target=self._writer, name="hpcvod-timeline", daemon=True)
         self._thread.start()
 
@@ -186,67 +188,85 @@ class Timeline:
             if out:
                 self._write(out)
 
-    def _micros(self, when: float) -> float:
-        return round((when - self._origin) * 1e6, 3)
+    def _event(self, name: str, ph: str, pid: int, args: dict[str, Any]) -> str:
+        """A metadata event (process names): rare, so plain json.dumps."""
+        return json.dumps({"name": name, "ph": ph, "pid": pid, "args": args}, separators=(",", ":"))
 
-    def _event(self, name: str | None, ph: str, pid: int, ts: float | None, args: Any = None) -> str:
-        quoted = self._quoted.get(name) if name is not None else None
-        if quoted is None and name is not None:
+    def _quote(self, name: str) -> str:
+        quoted = self._quoted.get(name)
+        if quoted is None:
             quoted = self._quoted[name] = json.dumps(name)
-        text = ('{"name":' + quoted + ',"ph":"' + ph + '"') if quoted else '{"ph":"' + ph + '"'
-        if ts is not None:
-            text += f',"ts":{ts}'
-        text += f',"pid":{pid}'
-        if args:
-            text += ',"args":' + json.dumps(args, separators=(",", ":"), default=str)
-        return text + "}"
+        return quoted
+
+    def _args(self, args: Any) -> str:
+        """``,"args":{...}`` for an event, cached: the same few dicts ({"bytes": n}, dtype and shape) recur."""
+        try:
+            key = tuple(args.items())
+            text = self._args_json.get(key)
+        except TypeError:   # an unhashable value: not cached
+            key, text = None, None
+        if text is None:
+            text = ',"args":' + json.dumps(args, separators=(",", ":"), default=str)
+            if key is not None:
+                if len(self._args_json) >= 4096:
+                    self._args_json.clear()
+                self._args_json[key] = text
+        return text
 
     def _row(self, label: str, out: list[str]) -> int:
         pid = self._rows.get(label)
         if pid is None:
             pid = self._rows[label] = len(self._rows) + 1
-            out.append(self._event("process_name", "M", pid, None, {"name": label}))
-            out.append(self._event("process_sort_index", "M", pid, None, {"sort_index": pid}))
+            out.append(self._event("process_name", "M", pid, {"name": label}))
+            out.append(self._event("process_sort_index", "M", pid, {"sort_index": pid}))
         return pid
 
     def _format(self, record: tuple, out: list[str]) -> None:
-        tag = record[0]
+        tag, origin, add = record[0], self._origin, out.append
         if tag == _SPANS:
             _, tensors, phase, start, end, args = record
-            ts, te = self._micros(start), self._micros(max(end, start))
+            ts, te = round((start - origin) * 1e6, 3), round((max(end, start) - origin) * 1e6, 3)
+            begin = '{"name":' + self._quote(phase) + f',"ph":"B","ts":{ts},"pid":'
+            extra = (self._args(args) if args else "") + "}"
             for tensor in tensors:
                 pid = self._pid_of.get(tensor)
                 if pid is None:
                     pid = self._pid_of[tensor] = self._row(tensor, out)
-                out.append(self._event(phase, "B", pid, ts, args))
-                out.append(self._event(None, "E", pid, te))
+                add(f"{begin}{pid}{extra}")
+                add(f'{{"ph":"E","ts":{te},"pid":{pid}}}')
         elif tag == _NEGOTIATED:
             _, handles, start, end = record
-            ts, te = self._micros(start), self._micros(max(end, start))
+            ts, te = round((start - origin) * 1e6, 3), round((max(end, start) - origin) * 1e6, 3)
             for h in handles:
                 if h.dummy:
                     continue
                 op = KIND_NAMES.get(h.kind, "collective").upper()
                 pid = self._pid_of[h.name] = self._row(row_label(h.name, h.kind), out)
                 if self._open.pop(h.name, None) is not None:   # the last one never ended (it failed): end it
-                    out.append(self._event(None, "E", pid, ts))
-                out.append(self._event("NEGOTIATE_" + op, "B", pid, ts))
-                out.append(self._event(None, "E", pid, te))
-                out.append(self._event(op, "B", pid, te))
+                    add(f'{{"ph":"E","ts":{ts},"pid":{pid}}}')
+                add(f'{{"name":"NEGOTIATE_{op}","ph":"B","ts":{ts},"pid":{pid}}}')
+                add(f'{{"ph":"E","ts":{te},"pid":{pid}}}')
+                add(f'{{"name":"{op}","ph":"B","ts":{te},"pid":{pid}}}')
                 self._open[h.name] = (pid, h)
         elif tag == _EXECUTED:
             _, handles, end = record
-            te = self._micros(end)
+            te = round((end - origin) * 1e6, 3)
             for h in handles:
                 running = self._open.pop(h.name, None) if not h.dummy else None
                 if running is None:
                     continue
                 tensor = h.tensor
-                args = ({"dtype": str(tensor.dtype), "shape": str(list(tensor.shape))}
-                        if tensor is not None and hasattr(tensor, "dtype") else None)
-                out.append(self._event(None, "E", running[0], te, args))
+                extra = ""
+                if tensor is not None and hasattr(tensor, "dtype"):   # Horovod's: the dtype, the shape as text
+                    key = (tensor.dtype, tensor.shape)
+                    extra = self._end_args.get(key)
+                    if extra is None:
+                        if len(self._end_args) >= 4096:
+                            self._end_args.clear()
+                        extra = self._end_args[key] = self._args({"dtype": str(key[0]), "shape": str(list(key[1]))})
+                add(f'{{"ph":"E","ts":{te},"pid":{running[0]}{extra}}}')
         elif tag == _CYCLE:
-            out.append('{"name":"' + CYCLE_START + f'","ph":"i","ts":{self._micros(record[1])},"pid":0,"s":"g"}}')
+            add(f'{{"name":"{CYCLE_START}","ph":"i","ts":{round((record[1] - origin) * 1e6, 3)},"pid":0,"s":"g"}}')
 
     def _write(self, events: list[str]) -> None:
         """Append ``events``; a regular file ends with ']' after every write (complete JSON at any moment)."""
