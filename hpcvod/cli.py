@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     p.add_argument("--wait", "-W", action="store_true", help="wait for the job to end; exit 1 if it failed")
     p.add_argument("--show-output", action="store_true", help="with --wait: print the job's output at the end")
+    p.add_argument("--follow", action="store_true", help="wait, and print rank 0's output as it comes (the live "
+                   "line on stderr shows the time left of --time)")
 
     p = sub.add_parser("render", help="write the batch script without submitting",
                        usage="hpcvod render [OPTIONS] [-o FILE [--force]] [--] SCRIPT [ARGS...]")
@@ -277,8 +279,14 @@ def _site_job_mpi(site) -> tuple[str | None, str]:
 def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
     from hpcvod.jobs.jobdir import DEFAULT_ROOT
     from hpcvod.jobs.submission import refuse_another_mpi, secret_values, submit_prepared
-    from hpcvod.jobs.watch import follow_output
+    from hpcvod.jobs.watch import follow_output, progress
 
+    waits = [flag for flag, given in (("--wait", args.wait), ("--follow", args.follow),
+                                      ("--show-output", args.show_output)) if given]
+    if args.dry_run and waits:
+        raise UserError(f"submit: {waits[0]} waits for a job, and --dry-run submits none: give one of them")
+    if args.follow and args.show_output:
+        raise UserError("submit: --follow prints the output as it comes, --show-output at the end: give one of them")
     prepared = _prepare(args, program, argv)
     secret_values(prepared.plan.secret_env)  # a secret not set here is refused by a dry run too
     if args.dry_run:
@@ -287,15 +295,18 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
         else:
             sys.stdout.write(prepared.script)
         return EXIT_OK
-    refuse_another_mpi(prepared.plan)
-    ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT),
-                          root_option="--output-dir" if args.output_dir else "jobs folder")
+    with progress(sys.stderr, "checking which MPI the job's Python loads"):
+        refuse_another_mpi(prepared.plan)
+    with progress(sys.stderr, f"submitting to {prepared.plan.scheduler}"):
+        ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT),
+                              root_option="--output-dir" if args.output_dir else "jobs folder")
     if not args.json:
         print(one_line(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}"))
         sys.stdout.flush()
     status = None
-    if args.wait or args.show_output:
-        status = _wait(ref, sys.stderr)
+    if args.wait or args.show_output or args.follow:
+        status = _wait(ref, sys.stderr, follow=sys.stdout if args.follow else None,
+                       time_limit=prepared.plan.time_seconds)
         if status is None:
             return 130
         if args.show_output:
@@ -354,13 +365,14 @@ def _roots():
     return default_roots()
 
 
-def _wait(ref, stream):  # -> JobStatus | None (None: Ctrl-C)
+def _wait(ref, stream, follow=None, time_limit=None):  # -> JobStatus | None (None: Ctrl-C)
     """Wait for the job with a live line on a terminal (plain lines otherwise) on stderr, so that stdout keeps
-    only results (--json, --show-output); Ctrl-C stops the waiting only, and says how to cancel."""
+    only results (--json, --show-output, --follow's output); Ctrl-C stops the waiting only, and says how to
+    cancel."""
     from hpcvod.jobs.watch import wait_for
 
     try:
-        return wait_for(ref, stream)
+        return wait_for(ref, stream, follow=follow, time_limit=time_limit)
     except KeyboardInterrupt:
         where = ref.job_dir or ref.job_id
         print("\n" + one_line(f"stopped waiting; job {ref.job_id} goes on (hpcvod status {where}; to stop it: "
@@ -443,10 +455,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from hpcvod.jobs.watch import format_rows, job_folders, job_row
+    from hpcvod.jobs.watch import format_rows, job_folders, job_rows
 
     roots = [Path(d) for d in args.output_dir] if args.output_dir else None
-    rows = [job_row(folder) for folder in job_folders(roots)]
+    rows = job_rows(job_folders(roots))
     if args.json:
         _print_json([row.to_dict() for row in rows])
     elif not rows:
@@ -462,7 +474,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from hpcvod.jobs.submission import cancel_job
 
     ref = _job_ref(args.job, args.site)
-    cancel_job(ref)
+    ended = cancel_job(ref)
+    if ended is not None:  # nothing was asked of the scheduler, and the job keeps the end it had
+        exit_text = f", exit {ended.exit_code}" if ended.exit_code is not None else ""
+        print(one_line(f"job {ref.job_id} already ended ({ended.state}{exit_text}): nothing to cancel"))
+        return EXIT_OK
     print(one_line(f"cancel requested for job {ref.job_id} ({ref.scheduler})"))
     return EXIT_OK
 

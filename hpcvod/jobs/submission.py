@@ -83,26 +83,37 @@ def scheduler_of(ref: JobRef):  # -> Scheduler
     """The scheduler object for a job, with the options of the site it was submitted to when still loadable.
     The job id is checked here too, for JobRefs made by hand (the Python API): no command gets an id that is
     not of its scheduler's form."""
-    from hpcvod.schedulers import known_scheduler, profile_options
-    from hpcvod.sites.loader import load_site_file
+    from hpcvod.schedulers import known_scheduler
 
     cls = known_scheduler(ref.scheduler, f"job {ref.job_id!r}")
     cls.check_job_id(ref.job_id)
+    site = site_of(ref)
+    return scheduler_for(site) if site is not None else cls()
+
+
+def site_of(ref: JobRef):  # -> Site | None
+    """The site profile the job was submitted with, while it still loads and names the job's scheduler (None: it
+    changed since, or is gone; the scheduler's defaults still know how to ask)."""
+    from hpcvod.schedulers import profile_options
+    from hpcvod.sites.loader import load_site_file
+
     if ref.site_source and os.path.isfile(ref.site_source):
         try:
             site = load_site_file(ref.site_source, schedulers=profile_options())
             if site.profile.scheduler == ref.scheduler:
-                return scheduler_for(site)
+                return site
         except UserError:
-            pass  # the profile changed since: the default options still know how to ask
-    return cls()
+            pass
+    return None
 
 
 MAX_TASKS_ASKED = 100  # an array's tasks asked one by one; beyond that, the unfinished ones show the job's state
 
 
-def job_status(ref: JobRef) -> JobStatus:
-    status = scheduler_of(ref).status(ref.job_id, ref.job_dir)
+def job_status(ref: JobRef, status: JobStatus | None = None) -> JobStatus:
+    """Where the job stands: ``status`` (what its scheduler answered, e.g. for a whole listing) or the scheduler's
+    answer now, then an array job's tasks' exit files where the scheduler has forgotten it."""
+    status = status if status is not None else scheduler_of(ref).status(ref.job_id, ref.job_dir)
     if status.state == UNKNOWN and _array_spec(ref):  # forgotten by the scheduler: the tasks' exit files tell
         codes = [read_exit_file(ref.job_dir, task_exit_file(i)) for i in array_indexes(_array_spec(ref))[0]]
         if None not in codes:
@@ -184,10 +195,14 @@ def component_states(ref: JobRef) -> list[tuple[str, JobStatus]]:
     return out
 
 
-def cancel_job(ref: JobRef) -> None:
+def cancel_job(ref: JobRef) -> JobStatus | None:
     """Mark the folder (so the job's end reads CANCELLED), then ask the scheduler; a refusal takes back a mark
-    this call made."""
+    this call made. A job that has already ended is left as it is (its mark would turn a FAILED into CANCELLED):
+    its status is returned, else None."""
     scheduler = scheduler_of(ref)
+    status = job_status(ref)
+    if status.finished:
+        return status
     marked_before = read_cancel_marker(ref.job_dir)
     write_cancel_marker(ref.job_dir)
     try:
@@ -196,6 +211,7 @@ def cancel_job(ref: JobRef) -> None:
         if ref.job_dir is not None and not marked_before:
             (ref.job_dir / CANCEL_FILE).unlink(missing_ok=True)
         raise
+    return None
 
 
 def job_mpi_check(plan: LaunchPlan) -> tuple[str | None, str]:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from hpcvod.jobs.jobdir import RECORD_FILE, REQUEST_FILE, JobRef, default_roots, read_json, ref_from_dir
 from hpcvod.launchers.label import LABELLED
@@ -42,50 +44,146 @@ def describe(ref: JobRef, status: JobStatus) -> str:
     return one_line(text)
 
 
-def timing(status: JobStatus, running_since: float | None, now: float) -> str:
+def timing(status: JobStatus, running_since: float | None, now: float, time_limit: float | None = None) -> str:
     """What the live line adds: the expected start of a pending job (where the scheduler knows it), the time a
-    running one has run (from the scheduler's start time, else since this wait first saw it running)."""
+    running one has run (from the scheduler's start time, else since this wait first saw it running) and, given
+    the job's walltime (``time_limit`` seconds, its --time), the time it has left."""
     if status.state == PENDING and status.start_time:
         return f"expected start {when(status.start_time)}"
     if status.state == RUNNING:
         since = status.start_time or running_since
         if since:
-            return f"running {clock(now - since)}"
+            text = f"running {clock(now - since)}"
+            if time_limit:
+                text += f", {clock(time_limit - (now - since))} left of {clock(time_limit)}"
+            return text
     return ""
 
 
+class Backoff:
+    """How long to wait before the next question to the scheduler: ``first`` at the start and after a change,
+    then half as long again each time nothing changed, up to ``most`` (a long job is asked rarely)."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first = first
+        self.most = max(most, first)
+        self.delay: float | None = None
+
+    def next(self, changed: bool) -> float:
+        self.delay = self.first if changed or self.delay is None else min(self.most, self.delay * 1.5)
+        return self.delay
+
+
+def polling(ref: JobRef, scheduler: Any, poll_seconds: float | None = None) -> Backoff:
+    """The job's Backoff: ``poll_seconds`` or the site's jobs.poll_interval or the scheduler's own to start with,
+    up to the site's jobs.poll_max."""
+    from hpcvod.jobs.submission import site_of
+    from hpcvod.sites.profile import Jobs
+
+    site = site_of(ref)
+    jobs = site.profile.jobs if site is not None else Jobs()
+    first = poll_seconds if poll_seconds is not None else jobs.poll_interval or scheduler.poll_seconds
+    return Backoff(first, jobs.poll_max)
+
+
+TICK_SECONDS = 1.0  # how often a live line is redrawn and a followed log read, between questions to the scheduler
+
+
 def wait_for(ref: JobRef, stream: IO[str], poll_seconds: float | None = None,
-             sleep: Callable[[float], None] = time.sleep, live: bool | None = None) -> JobStatus:
-    """Poll until the job ends. On a terminal (``live``) one line rewritten in place: state, the scheduler's
-    reason while pending, the expected start, time running, time waited. Otherwise a plain line per change."""
+             sleep: Callable[[float], None] = time.sleep, live: bool | None = None,
+             follow: IO[str] | None = None, time_limit: float | None = None) -> JobStatus:
+    """Poll until the job ends, less often while nothing changes (``polling``). On a terminal (``live``) one line
+    rewritten in place every second: state, the scheduler's reason while pending, the expected start, time
+    running (and left of ``time_limit``), time waited. Otherwise a plain line per change. With ``follow``, rank
+    0's output is copied there as it comes, the live line drawn again below it (`submit --wait --follow`)."""
     from hpcvod.jobs.submission import scheduler_of
 
     scheduler = scheduler_of(ref)
-    poll = poll_seconds if poll_seconds is not None else scheduler.poll_seconds
+    backoff = polling(ref, scheduler, poll_seconds)
     live = (hasattr(stream, "isatty") and stream.isatty()) if live is None else live
+    tail = LogTail(ref.output, rank=0) if follow is not None and ref.output is not None else None
     start = time.monotonic()
     last = None
     running_since: float | None = None
+
+    def copy_output(final: bool = False) -> bool:
+        text = (tail.read() + (tail.rest() if final else "")) if tail is not None and follow is not None else ""
+        if text and follow is not None:
+            if live:
+                stream.write("\r\x1b[K")  # the live line makes way for the output, then comes back below it
+                stream.flush()
+            follow.write(text)
+            follow.flush()
+        return bool(text)
+
+    def draw(status: JobStatus) -> None:
+        extra = timing(status, running_since, time.time(), time_limit)
+        shown = "  ".join(p for p in (describe(ref, status), extra, f"waited {clock(time.monotonic() - start)}") if p)
+        stream.write(f"\r\x1b[K{shown}")
+        stream.flush()
+
     while True:
         status = scheduler.status(ref.job_id, ref.job_dir)
-        now = time.time()
         if status.state == RUNNING and running_since is None:
-            running_since = now
+            running_since = time.time()
+        copy_output(final=status.finished)
         text = describe(ref, status)
-        extra = timing(status, running_since, now)
+        changed = text != last
         if live:
-            shown = "  ".join(p for p in (text, extra, f"waited {clock(time.monotonic() - start)}") if p)
-            stream.write(f"\r\x1b[K{shown}")
+            draw(status)
         elif text != last:
+            extra = timing(status, running_since, time.time(), time_limit)
             stream.write(f"{text}{'  ' + extra if extra and status.state == PENDING else ''}\n")
-        stream.flush()
+            stream.flush()
         last = text
         if status.finished:
             if live:
                 stream.write("\n")
                 stream.flush()
             return status
-        sleep(poll)
+        delay = backoff.next(changed)
+        if not live and tail is None:
+            sleep(delay)
+            continue
+        waited = 0.0
+        while waited < delay:  # between questions: the output as it comes, the live line's clocks
+            step = min(TICK_SECONDS, delay - waited)
+            sleep(step)
+            waited += step
+            copy_output()
+            if live:
+                draw(status)
+
+
+@contextlib.contextmanager
+def progress(stream: IO[str], text: str, tick: float = TICK_SECONDS,
+             on_draw: Callable[[], None] | None = None) -> Iterator[None]:
+    """A local step that may take a while (the job Python's MPI probe, the submit command): on a terminal, a line
+    ``text... Ns`` redrawn every ``tick`` until the step is done, then wiped; elsewhere nothing (logs stay clean)."""
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        yield
+        return
+    done = threading.Event()
+    start = time.monotonic()
+
+    def draw() -> None:
+        while True:
+            stream.write("\r\x1b[K" + one_line(f"{text}... {clock(time.monotonic() - start)}"))
+            stream.flush()
+            if on_draw is not None:
+                on_draw()
+            if done.wait(tick):
+                return
+
+    drawer = threading.Thread(target=draw, name="hpcvod-progress", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        drawer.join()
+        stream.write("\r\x1b[K")
+        stream.flush()
 
 
 class _RankFilter:
@@ -142,6 +240,38 @@ def log_files(ref: JobRef) -> list[tuple[int | None, Path]]:
     return sorted(tasks) or [(None, ref.output)]  # type: ignore[list-item]
 
 
+class LogTail:
+    """The text a job's log gained since the last read (only rank ``rank``'s lines when given), decoded across
+    reads; a log that was replaced or cut shorter is read again from its start, one not there yet reads empty."""
+
+    def __init__(self, path: Path, rank: int | None = None) -> None:
+        self.path = path
+        self.position = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
+        self.keep: Callable[..., str] = _RankFilter(rank) if rank is not None else (lambda text, final=False: text)
+
+    def read(self) -> str:
+        return "".join(self.pieces())
+
+    def pieces(self) -> Iterator[str]:
+        """The new text one read at a time (a long log is never held whole)."""
+        try:
+            with open_job_file(self.path, "job output") as f:  # a FIFO, folder or link there: one line
+                if f.seek(0, 2) < self.position:
+                    self.position = 0
+                    self.decoder.reset()
+                f.seek(self.position)
+                while chunk := f.read(READ_CHUNK):
+                    self.position += len(chunk)
+                    yield self.keep(self.decoder.decode(chunk))
+        except FileNotFoundError:
+            pass
+
+    def rest(self) -> str:
+        """What is left once the log is complete: a last line without its newline, whole."""
+        return self.keep(self.decoder.decode(b"", final=True), final=True)
+
+
 def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, follow: bool = True,
                   sleep: Callable[[float], None] = time.sleep, rank: int | None = None,
                   path: Path | None = None) -> None:
@@ -153,30 +283,33 @@ def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, 
         return
     from hpcvod.jobs.submission import scheduler_of
 
-    scheduler = scheduler_of(ref)
-    poll = poll_seconds if poll_seconds is not None else min(scheduler.poll_seconds, 1.0)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
-    keep: Callable[..., str] = _RankFilter(rank) if rank is not None else (lambda text, final=False: text)
-    position = 0
-    while True:
-        finished = not follow or scheduler.status(ref.job_id, ref.job_dir).finished
-        try:
-            with open_job_file(path, "job output") as f:  # a FIFO, folder or link there: one line
-                if f.seek(0, 2) < position:
-                    position = 0
-                    decoder.reset()
-                f.seek(position)
-                while chunk := f.read(READ_CHUNK):
-                    position += len(chunk)
-                    out.write(keep(decoder.decode(chunk)))
-        except FileNotFoundError:
-            pass
+    tail = LogTail(path, rank)
+
+    def copy() -> None:
+        for piece in tail.pieces():
+            out.write(piece)
         out.flush()
+
+    if not follow:
+        copy()
+        out.write(tail.rest())
+        out.flush()
+        return
+    scheduler = scheduler_of(ref)
+    backoff = polling(ref, scheduler, poll_seconds)
+    while True:
+        finished = scheduler.status(ref.job_id, ref.job_dir).finished
+        copy()
         if finished:
-            out.write(keep(decoder.decode(b"", final=True), final=True))
+            out.write(tail.rest())
             out.flush()
             return
-        sleep(poll)
+        delay, waited = backoff.next(False), 0.0
+        while waited < delay:  # the log is read every tick, the scheduler asked on the backoff's clock
+            step = min(TICK_SECONDS, delay - waited)
+            sleep(step)
+            waited += step
+            copy()
 
 
 # ---- hpcvod jobs -------------------------------------------------------------------------------------------
@@ -225,26 +358,58 @@ def _epoch(text: object) -> float | None:
         return None
 
 
-def job_row(folder: Path, now: float | None = None) -> JobRow:
-    """A folder's row: the scheduler asked where the job stands (the exit status file answers once it has
-    forgotten it); a folder hpcvod cannot read is a row saying why, never the end of the list."""
-    from hpcvod.jobs.submission import job_status
+def job_rows(folders: Iterable[Path], now: float | None = None) -> list[JobRow]:
+    """Each folder's row, in order. Each scheduler is asked once for all of its jobs (``Scheduler.statuses``:
+    on Slurm one squeue and at most one sacct per listing, a finished job read from its folder's exit file); a
+    folder hpcvod cannot read is a row saying why, never the end of the list."""
+    from hpcvod.jobs.submission import job_status, scheduler_of
 
     now = time.time() if now is None else now
-    try:
-        ref = ref_from_dir(folder)
-    except UserError as err:
-        return JobRow(folder.name, "", "", "", "BROKEN", "", None, None, str(folder), note=str(err))
+    refs: dict[Path, JobRef | UserError] = {}
+    groups: dict[tuple[str, str | None], list[JobRef]] = {}  # the jobs of one scheduler with one site's options
+    for folder in folders:
+        try:
+            ref = refs[folder] = ref_from_dir(folder)
+            groups.setdefault((ref.scheduler, ref.site_source), []).append(ref)
+        except UserError as err:
+            refs[folder] = err
+    found: dict[Path, JobStatus] = {}
+    notes: dict[Path, str] = {}
+    for group in groups.values():
+        answers: dict[str, JobStatus] = {}
+        failure: Exception | None = None
+        try:
+            answers = scheduler_of(group[0]).statuses([(ref.job_id, ref.job_dir) for ref in group])
+        except Exception as err:  # the scheduler's commands are missing here, or failed: the folders still know
+            failure = err
+        for ref in group:
+            folder = ref.job_dir  # type: ignore[assignment]
+            try:
+                if failure is not None:
+                    raise failure
+                found[folder] = job_status(ref, answers[ref.job_id])
+            except Exception as err:
+                from hpcvod.schedulers.base import status_from_exit_file
+
+                found[folder] = status_from_exit_file(folder) or JobStatus("UNKNOWN")
+                notes[folder] = " ".join(str(err).split())[:120]
+    rows = []
+    for folder, ref in refs.items():
+        if isinstance(ref, UserError):
+            rows.append(JobRow(folder.name, "", "", "", "BROKEN", "", None, None, str(folder), note=str(ref)))
+        else:
+            rows.append(_row(folder, ref, found[ref.job_dir], notes.get(ref.job_dir, ""), now))  # type: ignore[index]
+    return rows
+
+
+def job_row(folder: Path, now: float | None = None) -> JobRow:
+    """One folder's row (job_rows of that folder alone)."""
+    return job_rows([folder], now)[0]
+
+
+def _row(folder: Path, ref: JobRef, status: JobStatus, note: str, now: float) -> JobRow:
     record = read_json(folder / RECORD_FILE)
     submitted = record.get("submitted") if isinstance(record.get("submitted"), str) else ""
-    note = ""
-    try:
-        status = job_status(ref)
-    except Exception as err:  # the scheduler's commands are missing here, or failed: the folder still knows
-        from hpcvod.schedulers.base import status_from_exit_file
-
-        status = status_from_exit_file(folder) or JobStatus("UNKNOWN")
-        note = " ".join(str(err).split())[:120]
     if status.state == "UNKNOWN" and status.reason:
         note = note or status.reason
     begin = status.start_time or _epoch(submitted)

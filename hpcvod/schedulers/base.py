@@ -251,6 +251,11 @@ class Scheduler:
     def status(self, job_id: str, job_dir: Path | None) -> JobStatus:
         raise NotImplementedError
 
+    def statuses(self, jobs: Sequence[tuple[str, Path | None]]) -> dict[str, JobStatus]:
+        """Where each of ``jobs`` (job id, job folder) stands, by job id, for a listing (`hpcvod jobs`). This
+        default asks ``status`` of each; a scheduler whose commands take many ids at once asks them once."""
+        return {job_id: self.status(job_id, job_dir) for job_id, job_dir in jobs}
+
     def cancel(self, job_id: str, job_dir: Path | None) -> None:
         raise NotImplementedError
 

@@ -228,30 +228,47 @@ class SlurmScheduler(Scheduler):
 
     # -- the three ways to ask, newest information first ---------------------------------------------------
 
+    def statuses(self, jobs: Sequence[tuple[str, Path | None]]) -> dict[str, JobStatus]:
+        """Many jobs at once (`hpcvod jobs`): one squeue for all, one sacct for those it no longer lists, then the
+        job folder's exit file; scontrol only for a job none of these knows."""
+        found = self._squeue_many([job_id for job_id, _ in jobs])
+        rest = [job_id for job_id, _ in jobs if job_id not in found]
+        if rest:
+            found.update(self._sacct_many(rest))
+        for job_id, job_dir in jobs:
+            if job_id not in found:
+                found[job_id] = (status_from_exit_file(job_dir) or self._scontrol(job_id)
+                                 or JobStatus(UNKNOWN, reason="Slurm no longer knows this job", source="none"))
+        return found
+
     def _squeue(self, job_id: str) -> JobStatus | None:
-        done = run_command(["squeue", "--json", "--jobs", job_id])
+        return self._squeue_many([job_id]).get(job_id)
+
+    def _squeue_many(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        done = run_command(["squeue", "--json", "--jobs", ",".join(job_ids)])
         if done.returncode == 0:
             try:
                 jobs = json.loads(done.stdout).get("jobs", [])
             except ValueError:
                 jobs = None
             if jobs is not None:
-                for job in jobs:
-                    if _is_job(job, job_id):
-                        word = job.get("job_state")
-                        word = " ".join(word) if isinstance(word, list) else str(word)
-                        return JobStatus(slurm_state(word), raw=word, exit_code=_json_exit_code(job.get("exit_code")),
-                                         reason=str(job.get("state_reason") or ""), source="squeue --json",
-                                         start_time=slurm_epoch(job.get("start_time")),
-                                         end_time=slurm_epoch(job.get("end_time")))
-                return None
+                return {job_id: _squeue_status(job) for job_id in job_ids
+                        if (job := next((j for j in jobs if _is_job(j, job_id)), None)) is not None}
+        elif "Invalid job id" in done.stderr:
+            return {}  # none of them is in the queue any more
         # squeue without JSON support (built without the serializer) answers in plain text; %S is the start, or
         # for a pending job the expected start (what `squeue --start` shows), N/A when Slurm does not know it
-        done = run_command(["squeue", "--noheader", "--jobs", job_id, "--format", "%T|%r|%S"])
-        if done.returncode != 0 or not done.stdout.strip():
-            return None
-        word, reason, start = (done.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
-        return JobStatus(slurm_state(word), raw=word, reason=reason, source="squeue", start_time=slurm_epoch(start))
+        done = run_command(["squeue", "--noheader", "--jobs", ",".join(job_ids), "--format", "%i|%T|%r|%S"])
+        if done.returncode != 0:
+            return {}
+        found: dict[str, JobStatus] = {}
+        for line in done.stdout.splitlines():
+            listed, word, reason, start = (line.strip().split("|") + ["", "", ""])[:4]
+            job_id = next((j for j in job_ids if listed == j or listed.startswith(f"{j}_")), None)
+            if job_id is not None and job_id not in found:
+                found[job_id] = JobStatus(slurm_state(word), raw=word, reason=reason, source="squeue",
+                                          start_time=slurm_epoch(start))
+        return found
 
     def _scontrol(self, job_id: str) -> JobStatus | None:
         done = run_command(["scontrol", "show", "job", "--oneliner", job_id])
@@ -265,16 +282,36 @@ class SlurmScheduler(Scheduler):
                          end_time=slurm_epoch(fields.get("EndTime")))
 
     def _sacct(self, job_id: str) -> JobStatus | None:
+        return self._sacct_many([job_id], first_row=True).get(job_id)
+
+    def _sacct_many(self, job_ids: Sequence[str], first_row: bool = False) -> dict[str, JobStatus]:
+        """What accounting says of each job (``first_row``: of the one job asked, whatever id its row shows)."""
         if self.options.sacct == "never" or shutil.which("sacct") is None:
-            return None
-        done = run_command(["sacct", "--jobs", job_id, "--allocations", "--noheader", "--parsable2",
-                            "--format", "State,ExitCode,Start,End"])
-        lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
-        if done.returncode != 0 or not lines:
-            return None
-        word, code, start, end = (lines[0].split("|") + ["", "", ""])[:4]
-        return JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct",
-                         start_time=slurm_epoch(start), end_time=slurm_epoch(end))
+            return {}
+        done = run_command(["sacct", "--jobs", ",".join(job_ids), "--allocations", "--noheader", "--parsable2",
+                            "--format", "JobID,State,ExitCode,Start,End"])
+        if done.returncode != 0:
+            return {}
+        found: dict[str, JobStatus] = {}
+        for line in done.stdout.splitlines():
+            if not line.strip():
+                continue
+            listed, word, code, start, end = (line.split("|") + ["", "", "", ""])[:5]
+            job_id = job_ids[0] if first_row else next(
+                (j for j in job_ids if listed == j or listed.startswith(f"{j}_")), None)
+            if job_id is not None and job_id not in found:
+                found[job_id] = JobStatus(slurm_state(word), raw=word, exit_code=_exit_code(code), source="sacct",
+                                          start_time=slurm_epoch(start), end_time=slurm_epoch(end))
+        return found
+
+
+def _squeue_status(job: dict) -> JobStatus:
+    """One entry of ``squeue --json``."""
+    word = job.get("job_state")
+    word = " ".join(word) if isinstance(word, list) else str(word)
+    return JobStatus(slurm_state(word), raw=word, exit_code=_json_exit_code(job.get("exit_code")),
+                     reason=str(job.get("state_reason") or ""), source="squeue --json",
+                     start_time=slurm_epoch(job.get("start_time")), end_time=slurm_epoch(job.get("end_time")))
 
 
 def _is_job(job: dict, job_id: str) -> bool:

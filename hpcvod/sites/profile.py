@@ -139,11 +139,17 @@ class Directives:
 
 @dataclass(frozen=True)
 class Jobs:
-    """Job folders (the script, request.json, job.json, output.log) on this site."""
+    """Job folders (the script, request.json, job.json, output.log) on this site, and watching their jobs."""
 
     shared_with_group: bool = doc(
         "make job folders readable by the owner's group (folders 0750, files 0640) instead of the owner only "
         "(0700/0600); never by others. `submit --shared-job-dir` does the same for one job", False)
+    poll_interval: Optional[Annotated[float, Above(0)]] = doc(
+        "seconds between questions to the scheduler while `--wait`, `submit --follow` or `logs -f` watch a job, "
+        "right after it changed (null = the scheduler's own: 2 for slurm and sge, 5 for pbs, 0.2 for local)", None)
+    poll_max: Annotated[float, Above(0)] = doc(
+        "the longest wait between two questions: while nothing changes each wait is half as long again as the one "
+        "before, up to this; a change (state, new output) starts again from poll_interval", 30.0)
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ class SiteProfile:
         "the Python that runs .py scripts on the nodes (null = the Python running hpcvod)", None)
     container: Container = doc("container support", factory=Container)
     directives: Directives = doc("extra and skipped scheduler directives", factory=Directives)
-    jobs: Jobs = doc("who may read job folders", factory=Jobs)
+    jobs: Jobs = doc("who may read job folders; how often waiting for a job asks the scheduler", factory=Jobs)
     env: EnvMap = doc("any other environment variables for every job", factory=dict)
     scheduler_options: dict[Annotated[str, ONE_LINE], Union[EnvValue, bool]] = doc(
         "options of the scheduler module (see docs/sites.md: slurm, pbs, local)", factory=dict)
