@@ -38,7 +38,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import HpcvodInputError
 from .handles import KIND_NAMES
@@ -121,7 +121,7 @@ class Timeline:
         self.write_error: str | None = None   # why the timeline stopped being written, once it did
         self.dropped = 0                         # records lost because the writer fell MAX_PENDING behind
         self._origin = time.perf_counter()
-        self._owner_pid = os.getpid()   # a forked child (a data loader's worker) inherits this object: it writes nothing
+        self._owner_pid = os.getpid()   # a forked child (a data loader's worker) inherits this: it writes nothing
         epoch_micros = round((time.time() - (time.perf_counter() - self._origin)) * 1e6)
         self._fd: int | None = _open_private(path)   # OSError / _Refused go to the caller (open_timeline)
         self._positional = stat.S_ISREG(os.fstat(self._fd).st_mode)   # else a stream (a device): no ']' kept

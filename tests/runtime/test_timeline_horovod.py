@@ -219,7 +219,8 @@ def test_hard_links_fifos_and_other_users_files_are_refused(tmp_path: Path) -> N
     mine.write_text("keep me\n")
     os.link(mine, tmp_path / "linked.json")
     os.mkfifo(tmp_path / "fifo.json")         # nobody reads it: a plain open would hang
-    cases = {"linked.json": "it exists with other hard links to it", "fifo.json": "it is a FIFO, expected a regular file"}
+    cases = {"linked.json": "it exists with other hard links to it",
+             "fifo.json": "it is a FIFO, expected a regular file"}
     if os.geteuid() == 0:
         theirs = tmp_path / "theirs.json"
         theirs.write_text("theirs\n")
