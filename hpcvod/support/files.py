@@ -14,49 +14,41 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO
 
+from hpcvod.support import safe_read
 from hpcvod.support.errors import UserError
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def open_regular(path: Path, what: str, nofollow: bool = False) -> BinaryIO:
     """``path`` opened for binary reading if it is a regular file. A missing file raises FileNotFoundError
     (callers decide what absence means); anything else that is wrong is a UserError naming the file. With
     ``nofollow`` (every file read from a job folder) a symbolic link there is refused, not read through: another
-    user's link to a secret must not be printed by ``hpcvod logs``."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+    user's link to a secret must not be printed by ``hpcvod logs``. The checks are ``safe_read``'s; this is
+    their wording for the submission side."""
     try:
-        # O_NONBLOCK: opening a FIFO that nobody writes to returns at once, so the fstat below can refuse it
-        fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
-    except FileNotFoundError:
-        raise
-    except ValueError:  # a NUL byte in the name
-        raise UserError(f"{path!r}: cannot read {what}: the name holds a NUL byte") from None
-    except OSError as err:
-        if nofollow and err.errno == errno.ELOOP:
-            raise UserError(f"{path}: cannot read {what}: it is a symbolic link, expected a regular file "
-                            "(hpcvod reads no link in a job folder)") from None
-        raise UserError(f"{path}: cannot read {what} ({err.strerror or err})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise UserError(f"{path}: cannot read {what}: it is {kind}, expected a regular file")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+        return safe_read.open_regular(path, nofollow)
+    except safe_read.Refused as refused:
+        raise _user_error(path, what, refused) from None
 
 
 def read_bounded(path: Path, limit: int, what: str, nofollow: bool = False) -> bytes:
     """The whole file, if it is a regular file of at most ``limit`` bytes (see ``open_regular``)."""
-    with open_regular(path, what, nofollow) as f:
-        try:
-            data = f.read(limit + 1)  # not st_size alone: a file may grow while it is read
-        except OSError as err:
-            raise UserError(f"{path}: cannot read {what} ({err.strerror or err})") from None
-    if len(data) > limit:
-        raise UserError(f"{path}: {what} is larger than {limit} bytes: expected a small text file")
-    return data
+    try:
+        return safe_read.read_bounded(path, limit, nofollow)
+    except safe_read.Refused as refused:
+        if refused.cause == "size":
+            raise UserError(f"{path}: {what} is larger than {limit} bytes: expected a small text file") from None
+        raise _user_error(path, what, refused) from None
+
+
+def _user_error(path: Path, what: str, refused: safe_read.Refused) -> UserError:
+    if refused.cause == "name":
+        return UserError(f"{path!r}: cannot read {what}: {refused}")
+    if refused.cause == "link":
+        return UserError(f"{path}: cannot read {what}: {refused} (hpcvod reads no link in a job folder)")
+    if refused.cause in ("open", "read"):
+        return UserError(f"{path}: cannot read {what} ({refused})")
+    return UserError(f"{path}: cannot read {what}: {refused}")
 
 
 def read_text_bounded(path: Path, limit: int, what: str, nofollow: bool = False) -> str:
@@ -171,7 +163,7 @@ def _kind(st: os.stat_result) -> str:
         return "a file"
     if stat.S_ISLNK(st.st_mode):
         return "a symbolic link"
-    return next((name for test, name in _KINDS if test(st.st_mode)), "not a folder")
+    return next((name for test, name in safe_read.FILE_KINDS if test(st.st_mode)), "not a folder")
 
 
 def open_private_dir(path: Path, what: str, mode: int) -> tuple[int, Path]:

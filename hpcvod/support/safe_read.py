@@ -12,6 +12,7 @@ Every refusal is a :class:`Refused` whose text says what is wrong, without the p
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -21,10 +22,16 @@ from typing import Any, BinaryIO
 
 
 class Refused(ValueError):
-    """The file, or its content, is not what the caller may read; ``str()`` is the reason (no path)."""
+    """The file, or its content, is not what the caller may read; ``str()`` is the reason (no path).
+    ``cause`` says which check refused it ("name", "link", "open", "kind", "read", "size", "content"), so that a
+    caller can word its own line (``hpcvod.support.files`` does)."""
+
+    def __init__(self, reason: str, cause: str = "content") -> None:
+        super().__init__(reason)
+        self.cause = cause
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
@@ -38,16 +45,16 @@ def open_regular(path: "str | os.PathLike[str]", nofollow: bool = False) -> Bina
     except FileNotFoundError:
         raise
     except ValueError:
-        raise Refused("the name holds a NUL byte") from None
+        raise Refused("the name holds a NUL byte", "name") from None
     except OSError as err:
-        if nofollow and os.path.islink(path):
-            raise Refused("it is a symbolic link, expected a regular file") from None
-        raise Refused(err.strerror or str(err)) from None
+        if nofollow and (err.errno == errno.ELOOP or os.path.islink(path)):
+            raise Refused("it is a symbolic link, expected a regular file", "link") from None
+        raise Refused(err.strerror or str(err), "open") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise Refused(f"it is {kind}, expected a regular file")
+        kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
+        raise Refused(f"it is {kind}, expected a regular file", "kind")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
@@ -58,9 +65,9 @@ def read_bounded(path: "str | os.PathLike[str]", limit: int, nofollow: bool = Fa
         try:
             data = f.read(limit + 1)   # not st_size alone: a file may grow while it is read
         except OSError as err:
-            raise Refused(err.strerror or str(err)) from None
+            raise Refused(err.strerror or str(err), "read") from None
     if len(data) > limit:
-        raise Refused(f"larger than {limit} bytes")
+        raise Refused(f"larger than {limit} bytes", "size")
     return data
 
 
