@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hpcvod.support.shell import safe_name
-from hpcvod.schedulers.jobfiles import (RECORD_FILE, job_modes, json_kind, open_job_file, read_json,
+from hpcvod.schedulers.jobfiles import (RECORD_FILE, job_modes, open_job_file, read_json,
                                        write_job_file)
 from hpcvod.support.errors import UserError
 from hpcvod.support.files import open_private_dir
+from hpcvod.support.safe_read import json_kind
 
 DEFAULT_ROOT = "hpcvod-jobs"
 REQUEST_FILE = "request.json"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hpcvod.support.errors import UserError
+from hpcvod.support.safe_read import json_kind
 from hpcvod.support.files import open_append, open_regular, read_text_bounded, write_atomic
 
 RECORD_FILE = "job.json"      # what the scheduler said (written at submit)
@@ -91,8 +92,3 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object, got a JSON {json_kind(data)}")
     return data
-
-
-def json_kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
