@@ -9,7 +9,7 @@ in a compute job of ``--compute-ranks`` ranks started with the MPICH wheel's ``m
 hpcvod.tensorflow.data.compute_worker``; ``--engine spark``: ``spark-submit --master local[N]
 compute_worker_spark.py``, pyspark and Java needed), the consumer pulling with ``distributed_epoch``. It
 prints elements/s of both and their ratio. The win needs cores the consumer does not use (CPU nodes); on a 2-core
-machine everything shares the same two cores and the service can only lose (FACTS.md measured 0.58x).
+machine everything shares the same two cores and the service can only lose (docs/measured.md: 0.58x).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
         line = launcher_for("mpiexec", mpi.flavour).line(request)
         env.update(line.env)
         if hosts is None and mpi.flavour == "openmpi":
-            # one machine: shared memory only; Open MPI starts ~1 s faster than when it probes UCX (FACTS.md)
+            # one machine: shared memory only; Open MPI starts ~1 s faster than when it probes UCX (docs/measured.md)
             env.setdefault("OMPI_MCA_pml", "ob1")
             env.setdefault("OMPI_MCA_btl", "self,sm")
         argv = list(line.argv) + label_argv(sys.executable) + program

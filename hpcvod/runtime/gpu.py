@@ -3,7 +3,7 @@
 Nothing here imports CuPy, torch or TensorFlow unless a device buffer appears or the framework is already
 imported by the training script: a CPU job never pays for the GPU path. Every probe is guarded, because on a
 machine without a driver CuPy imports fine and then *raises* from ``cupy.cuda.is_available()`` or
-``getDeviceCount()`` instead of returning False (FACTS.md).
+``getDeviceCount()`` instead of returning False (docs/measured.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The MPI world as hvd.init() finds it, and the check against what the launcher promised.
 
 A wrong ``srun --mpi=`` plugin (or a forgotten launcher) starts N independent MPI worlds of size 1 without
-any error: every process believes it is rank 0 of 1 and trains alone (../shared/FACTS.md). ``init()`` compares
+any error: every process believes it is rank 0 of 1 and trains alone (docs/measured.md). ``init()`` compares
 the size it sees with every promise it can find in the environment and refuses to go on when they differ.
 """
 

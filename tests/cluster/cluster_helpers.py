@@ -29,7 +29,7 @@ NODES_WANTED = 2
 _LAUNCH_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "OMPI_", "PMIX_", "PMI_", "I_MPI_", "MPICH_",
                         "HYDRA_", "FI_", "HPCVOD_", "HOROVOD_", "PRTE_", "MPI4PY_")
 
-# The MPI flavours hpcvod supports under srun: venv, srun --mpi= plugin, extra environment (FACTS.md).
+# The MPI flavours hpcvod supports under srun: venv, srun --mpi= plugin, extra environment (docs/measured.md).
 OPENMPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     # ob1 + tcp between the "nodes" (separate network namespaces), sm inside one; skips a 1 s UCX probe

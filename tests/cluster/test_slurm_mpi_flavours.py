@@ -58,7 +58,7 @@ def test_hvd_init_under_srun_knows_local_and_cross_rank(slurm_cluster: Cluster, 
 
 
 # (flavour, wrong plugin, the fix hvd.init() must name). pip Open MPI 5 with pmi2 or none, and MPICH with none,
-# silently start 4 worlds of size 1 (FACTS.md); nothing but hpcvod's check stops them.
+# silently start 4 worlds of size 1 (docs/measured.md); nothing but hpcvod's check stops them.
 WRONG_PLUGINS = [("openmpi", "pmi2", "--mpi=pmix"), ("openmpi", "none", "--mpi=pmix"), ("mpich", "none", "--mpi=pmi2")]
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 if "bool" not in np.__dict__:
-    np.bool = bool  # the alias MXNet 1.9.1 expects (../shared/FACTS.md); NumPy 2 has it again
+    np.bool = bool  # the alias MXNet 1.9.1 expects (docs/measured.md); NumPy 2 has it again
 
 import mxnet as mx  # noqa: E402
 

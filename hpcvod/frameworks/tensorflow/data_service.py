@@ -13,7 +13,7 @@ batches from them. The two jobs meet in a config file on a shared path and a fol
   ``CONFIG.d/heartbeat``: touched every second by the compute job's rank 0 while it lives;
   ``CONFIG.d/shutdown``: the training side is done (``config.shutdown()``), the compute job stops cleanly.
 
-TensorFlow's own clients wait for ever on a dispatcher that died (FACTS.md): a training process that uses the
+TensorFlow's own clients wait for ever on a dispatcher that died (docs/measured.md): a training process that uses the
 service watches the heartbeat and ends its job with a clear line when the compute job is gone for ``timeout`` s.
 Addresses are built from the host's IP, never ``localhost`` (consumers on another node would hang).
 """

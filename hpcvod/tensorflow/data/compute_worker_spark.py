@@ -24,7 +24,7 @@ from hpcvod.frameworks.tensorflow.data_service import (
 )
 
 PROG = "spark-submit compute_worker_spark.py"
-# Without these a stage with more barrier tasks than free slots waits for ever (FACTS.md); with them Spark gives
+# Without these a stage with more barrier tasks than free slots waits for ever (docs/measured.md); with them Spark gives
 # up after 3 checks, 1 s apart.
 BARRIER_CHECK = {"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
                  "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3"}

@@ -20,7 +20,7 @@ hvd.init()
 rank, size = hvd.rank(), hvd.size()
 config_path, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
 config = TfDataServiceConfig.read(config_path, wait_for_file_creation=True, timeout=120)
-# the heavy map runs in the service: pure TF ops only (FACTS.md)
+# the heavy map runs in the service: pure TF ops only (docs/measured.md)
 dataset = tf.data.Dataset.range(200).map(lambda x: x * 3)
 if mode == "shared":
     seen = [int(x) for x in dataset.send_to_data_service(config, rank, size, reuse_dataset=True)]
