@@ -2,4 +2,4 @@
 
 from hpcvod.frameworks.tensorflow.keras import *  # noqa: F401,F403
 from hpcvod.frameworks.tensorflow.keras import __all__, __getattr__  # noqa: F401  (reduction ops, lazily)
-from . import callbacks  # noqa: F401,E402  (the module path horovod.*.keras.callbacks, here as hvd.callbacks too)
+from . import callbacks, elastic  # noqa: F401,E402  (the module paths horovod.*.keras.callbacks and .elastic)

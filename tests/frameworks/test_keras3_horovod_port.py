@@ -1,7 +1,6 @@
 """Horovod's Keras suites, test/parallel/test_tensorflow2_keras.py and test_tensorflow_keras.py, ported to Keras 3
 (issue 29 item 1) and run on 2 real MPI ranks in one launch (workers/keras3_port_worker.py says how each Keras 2
-spelling became its Keras 3 form). Horovod's ``test_elastic_state`` (both suites) is not ported: hpcvod has no
-TensorFlow elastic state yet (docs/elastic.md).
+spelling became its Keras 3 form).
 
 Also issue 29 item 4's Keras piece: with hpcvod's Keras module imported, ``model.compile(...,
 experimental_run_tf_function=False)`` (Horovod's documented call, which Keras 3 refuses) works, with one warning
@@ -30,6 +29,8 @@ TF2_KERAS_CHECKS = [  # test_tensorflow2_keras.py, by Horovod's test names
     "gradient_aggregation_with_local_vars_summed",
     "partial_distributed_optimizer",
     "broadcast_global_variables_callback_with_local_vars",
+    "elastic_state",  # also in test_tensorflow_keras.py
+    "elastic_state_callbacks_and_run",  # beyond Horovod's tests: its elastic Keras callbacks
 ]
 TF1_KERAS_CHECKS = [  # test_tensorflow_keras.py (its sparse_as_dense and from_config are the ones above)
     "train_model",

@@ -1,8 +1,9 @@
 """Horovod's Keras suites (test/parallel/test_tensorflow2_keras.py and test_tensorflow_keras.py), written again
 for Keras 3 (tests/frameworks/test_keras3_horovod_port.py): each check keeps what Horovod's test asserts and
-names the test it ports. Keras 2 spellings become their Keras 3 forms: ``learning_rate=`` for ``lr=``,
-``ReLU(threshold=)`` for ``ThresholdedReLU``, a ``tf.GradientTape`` for the optimizer's private
-``_compute_gradients``, ``id(variable)`` for ``variable.ref()``, ``fit`` on a generator for ``fit_generator``.
+names the test it ports (``test_elastic_state``, in both suites, once). Keras 2 spellings become their Keras 3
+forms: ``learning_rate=`` for ``lr=``, ``ReLU(threshold=)`` for ``ThresholdedReLU``, a ``tf.GradientTape`` for
+the optimizer's private ``_compute_gradients``, ``id(variable)`` for ``variable.ref()``, ``fit`` on a generator
+for ``fit_generator``.
 Horovod's private aggregation counter (``opt._agg_helper.counter``) is Keras 3's pending backward passes,
 ``opt._iterations % backward_passes_per_step``.
 
@@ -386,6 +387,73 @@ def broadcast_global_variables_callback_with_local_vars():
         expected = RANK if id(var) in local_ids else root_rank
         np.testing.assert_allclose(keras.ops.convert_to_numpy(var), np.full(var.shape, float(expected)),
                                    err_msg=var.path)
+
+
+@check
+def elastic_state():
+    # Horovod (both suites): sync gives every rank rank 0's weights and values; restore goes back to the last
+    # sync or commit; commit keeps the current ones.
+    v = 1.0 if RANK == 0 else 2.0
+    model1 = keras.Sequential([keras.layers.Dense(2, activation="softmax")])
+    model1.build((2, 2))
+    model1.set_weights([np.array([[v, v], [v, v]], dtype=np.float32), np.array([v, v], dtype=np.float32)])
+    model2 = keras.Sequential([keras.layers.Dense(2, activation="softmax")])
+    model2.build((2, 2))
+    model2.set_weights([np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), np.array([0.0, 0.0], dtype=np.float32)])
+    optimizer = keras.optimizers.Adam(0.001 * SIZE)
+    state = hvd.elastic.KerasState(model1, optimizer, batch=20 + RANK, epoch=10 + RANK)
+    state.sync()
+    model1_weights, model2_weights = model1.get_weights(), model2.get_weights()
+    for w in state.model.get_weights():
+        np.testing.assert_allclose(w, np.ones_like(w))
+    assert (state.batch, state.epoch) == (20, 10)
+
+    model1.set_weights(model2_weights)  # partly modified, then restored
+    state.batch, state.epoch = 21, 11
+    state.restore()
+    for w1, w2 in zip(model1.get_weights(), model1_weights):
+        np.testing.assert_allclose(w1, w2)
+    assert (state.batch, state.epoch) == (20, 10)
+
+    model1.set_weights(model2_weights)  # partly modified, then committed
+    state.batch, state.epoch = 21, 11
+    state.commit()
+    state.restore()
+    for w1, w2 in zip(model1.get_weights(), model2_weights):
+        np.testing.assert_allclose(w1, w2)
+    assert (state.batch, state.epoch) == (21, 11)
+
+
+@check
+def elastic_state_callbacks_and_run():
+    # Horovod's elastic Keras callbacks (its examples use them): epoch and batch kept in the state, a commit at
+    # every epoch's end (restore returns to the weights fit ended with). hvd.elastic.run refuses in one line.
+    model = small_model()
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1)))
+    model.build((None, 3))
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    state.sync()
+    batches = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: batches.append(state.batch))
+    # in the order of Horovod's examples: the commit after the updates
+    callbacks = [hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.CommitStateCallback(state, batches_per_commit=2), record]
+    model.fit(rng.random((6, 3)), rng.random((6, 3, 3)), batch_size=2, epochs=2, callbacks=callbacks, verbose=0)
+    assert (state.epoch, state.batch) == (2, 0) and batches == [0, 1, 2] * 2, (state.epoch, state.batch, batches)
+    trained = model.get_weights()
+    same_on_every_rank(trained, "weights after fit")
+    model.set_weights([np.zeros_like(w) for w in trained])
+    state.epoch = 7
+    state.restore()
+    for w1, w2 in zip(model.get_weights(), trained):
+        np.testing.assert_array_equal(w1, w2)
+    assert state.epoch == 2
+    try:
+        hvd.elastic.run(lambda state: None)
+    except NotImplementedError as exc:
+        assert "only in hpcvod.torch" in str(exc) and "\n" not in str(exc), str(exc)
+    else:
+        raise AssertionError("hvd.elastic.run accepted a function for Keras")
 
 
 # ---- test_tensorflow_keras.py (Horovod's TF1 suite; Keras 3 runs eagerly or in tf.function) ----

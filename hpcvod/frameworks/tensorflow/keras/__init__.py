@@ -31,7 +31,7 @@ _accept_keras2_compile_arguments()
 from hpcvod.frameworks.tensorflow.functions import (  # noqa: E402,F401
     allgather_object, broadcast_object, broadcast_variables,
 )
-from hpcvod.frameworks.tensorflow.keras import callbacks  # noqa: E402,F401
+from hpcvod.frameworks.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
 from hpcvod.frameworks.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hpcvod.frameworks.tensorflow import mpi_ops as _ops  # noqa: E402
 from hpcvod.frameworks.tensorflow.mpi_ops import alltoall, barrier, grouped_allreduce, join  # noqa: E402,F401
@@ -132,5 +132,5 @@ def load_model(filepath: str, custom_optimizers: list[type] | None = None, custo
 
 
 __all__ = sorted(k for k, v in globals().items()
-                 if not k.startswith("_") and (not isinstance(v, _ModuleType) or k == "callbacks")
+                 if not k.startswith("_") and (not isinstance(v, _ModuleType) or k in ("callbacks", "elastic"))
                  and k != "annotations")
