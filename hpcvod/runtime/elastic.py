@@ -189,7 +189,8 @@ def absorbs_failure(rt: Any, reason: str) -> bool:
     failed rank breaks this world instead of ending the job. Returns whether it did."""
     if not _elastic.inside:
         return False
-    _break_world(rt, reason)
+    if not _break_world(rt, reason):   # an MPI error broke it first: still say which rank the watchdog saw go
+        print(f"hpcvod: rank {rt.info.rank if rt.info else -1}: {reason}", file=sys.stderr, flush=True)
     return True
 
 
