@@ -52,6 +52,15 @@ def hpcvod(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: fl
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
+def submit_local(workdir: Path, *args: str) -> tuple[str, Path]:
+    """`hpcvod submit --json --site local --tasks-per-node 2 ARGS` in ``workdir``: (job id, job folder)."""
+    done = hpcvod("submit", "--json", "--site", "local", "--tasks-per-node", "2", *args, cwd=workdir,
+                  env=clean_env(workdir))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    return out["job_id"], Path(out["job_dir"])
+
+
 def wait_until_finished(job: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:

@@ -17,7 +17,7 @@ import pytest
 from hpcvod.jobs.jobdir import ref_from_dir
 from hpcvod.jobs.watch import Backoff, progress, timing, wait_for
 from hpcvod.schedulers.base import RUNNING, JobStatus
-from submission_helpers import clean_env, hpcvod, one_error_line, wait_until_finished
+from submission_helpers import clean_env, hpcvod, one_error_line, submit_local, wait_until_finished
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
@@ -32,14 +32,6 @@ while not os.path.exists(sys.argv[1]):
     time.sleep(0.05)
 print(f"last line of rank {rank}", flush=True)
 """
-
-
-def _submit(workdir: Path, *args: str) -> tuple[str, Path]:
-    done = hpcvod("submit", "--json", "--site", "local", "--tasks-per-node", "2", *args, cwd=workdir,
-                  env=clean_env(workdir))
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    return out["job_id"], Path(out["job_dir"])
 
 
 def test_submit_follow_streams_rank_0_while_the_job_runs(tmp_path: Path) -> None:
@@ -92,7 +84,7 @@ def test_follow_and_show_output_together_are_refused(tmp_path: Path) -> None:
 
 def test_cancel_of_a_job_that_ended_says_so_and_keeps_its_end(tmp_path: Path) -> None:
     (tmp_path / "fails.py").write_text("import sys\nfrom mpi4py import MPI\nsys.exit(3)\n")
-    job, job_dir = _submit(tmp_path, "fails.py")
+    job, job_dir = submit_local(tmp_path, "fails.py")
     assert wait_until_finished(job, tmp_path, clean_env(tmp_path))["state"] == "FAILED"
     done = hpcvod("cancel", job, cwd=tmp_path, env=clean_env(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -115,7 +107,7 @@ def test_waiting_asks_less_often_while_nothing_changes(tmp_path: Path) -> None:
     (tmp_path / "gated.py").write_text(GATED)
     (tmp_path / "site.yaml").write_text("extends: local\njobs:\n  poll_interval: 0.01\n  poll_max: 0.05\n")
     go = tmp_path / "go"
-    job, job_dir = _submit(tmp_path, "--site", str(tmp_path / "site.yaml"), "gated.py", str(go))
+    job, job_dir = submit_local(tmp_path, "--site", str(tmp_path / "site.yaml"), "gated.py", str(go))
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hpcvod.launchers.label import LABELLED
-from submission_helpers import clean_env, hpcvod, wait_until_finished
+from submission_helpers import clean_env, hpcvod, submit_local, wait_until_finished
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
@@ -50,16 +50,8 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _submit(workdir: Path, *args: str) -> tuple[str, Path]:
-    done = hpcvod("submit", "--json", "--site", "local", "--tasks-per-node", "2", *args, cwd=workdir,
-                  env=clean_env(workdir))
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    return out["job_id"], Path(out["job_dir"])
-
-
 def test_every_line_of_the_kept_log_and_of_logs_carries_rank_and_stream(workdir):
-    job, job_dir = _submit(workdir, "talker.py")
+    job, job_dir = submit_local(workdir, "talker.py")
     wait_until_finished(job, workdir, clean_env(workdir))
     kept = (job_dir / "output.log").read_text().splitlines()
     for rank in (0, 1):
@@ -81,17 +73,17 @@ def test_every_line_of_the_kept_log_and_of_logs_carries_rank_and_stream(workdir)
 
 
 def test_logs_follow_prints_a_running_job_to_its_end(workdir):
-    job, _ = _submit(workdir, "slow.py", "6")
+    job, _ = submit_local(workdir, "slow.py", "6")
     follow = hpcvod("logs", "-f", "--rank", "0", job, cwd=workdir, env=clean_env(workdir), timeout=120)
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout.splitlines() == [f"[0]<stdout>: tick {i} of rank 0" for i in range(6)], follow.stdout
 
 
 def test_jobs_lists_folders_newest_first_with_state_and_exit(workdir):
-    first, first_dir = _submit(workdir, "talker.py")
+    first, first_dir = submit_local(workdir, "talker.py")
     wait_until_finished(first, workdir, clean_env(workdir))
     time.sleep(1.1)  # folder names and request times are per second
-    second, second_dir = _submit(workdir, "talker.py", "3")
+    second, second_dir = submit_local(workdir, "talker.py", "3")
     wait_until_finished(second, workdir, clean_env(workdir))
 
     table = hpcvod("jobs", cwd=workdir, env=clean_env(workdir))
@@ -109,7 +101,7 @@ def test_jobs_lists_folders_newest_first_with_state_and_exit(workdir):
 def test_jobs_keeps_working_when_the_scheduler_has_forgotten_the_job(workdir, tmp_path):
     """A Slurm job folder read where squeue, scontrol and sacct are gone (or no longer know the id): its row
     comes from the exit status the script recorded, and a broken folder is a row, not the end of the list."""
-    job, job_dir = _submit(workdir, "talker.py")
+    job, job_dir = submit_local(workdir, "talker.py")
     wait_until_finished(job, workdir, clean_env(workdir))
     forgotten = job_dir.parent / "train-20200101-000000"
     shutil.copytree(job_dir, forgotten)
@@ -178,7 +170,7 @@ def _pty_rest(proc: subprocess.Popen, timeout: float = 60) -> str:
 
 
 def test_status_wait_on_a_terminal_is_one_live_line_and_ctrl_c_leaves_the_job_running(workdir):
-    job, job_dir = _submit(workdir, "slow.py", "600")
+    job, job_dir = submit_local(workdir, "slow.py", "600")
     env = clean_env(workdir)
     argv = [sys.executable, "-m", "hpcvod.cli", "status", "--wait", job]
     proc, seen = _pty_run(argv, workdir, env, until="running 0:0")
