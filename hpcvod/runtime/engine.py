@@ -106,6 +106,7 @@ class Lane:
         self.cycle_time = settings.cycle_time_ms / 1000.0
         self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
         self.names = Names()
+        self._claim = self.names.claim          # bound once: every named call goes through it
         self.executors = Executors(comm, set_id, settings)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -139,7 +140,7 @@ class Lane:
         if self._abort is not None:
             raise self._abort
         if not h.unnamed:
-            self.names.claim([h])
+            self._claim([h])
         if self.timeline is not None:
             h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
@@ -153,7 +154,7 @@ class Lane:
         """Queue several handles atomically (one deque.extend), so that they are negotiated together."""
         if self._abort is not None:
             raise self._abort
-        self.names.claim(hs)
+        self._claim(hs)
         for h in hs:
             h.lane = self
         self._queue.extend(hs)
@@ -169,7 +170,7 @@ class Lane:
         """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
         h.lane = self
         if not h.unnamed:
-            self.names.claim([h])
+            self._claim([h])
         h.t_submit = _perf()
         lock = self._lock
         lock.acquire()

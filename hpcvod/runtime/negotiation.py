@@ -40,7 +40,7 @@ _JOIN = K.JOIN
 # that unnamed collectives submitted in different orders still end in a mismatch error, not a hang.
 FULL_ROUND_AFTER_SECONDS = 1.0
 DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
-SPIN_SECONDS = 0.002          # see Negotiation.wait_request
+SPIN_SECONDS = 0.002          # see wait_request
 
 _perf = time.perf_counter
 _bit_of = operator.attrgetter("entry.bit")
@@ -73,6 +73,18 @@ class JoinState:
         h, self.handle = self.handle, None
         return h
 
+    def complete(self, comm: MPI.Comm, me: int, fresh: bool,
+                 finish: Callable[[Handle, BaseException | None], None]) -> None:
+        """Every member has joined: agree on the last one to join (``me``: this rank's global rank, ``fresh``:
+        its join arrived in this negotiation) and release join() everywhere."""
+        mine = np.array([me if fresh else -1], np.int64)
+        last = np.empty(1, np.int64)
+        comm.Allreduce([mine, MPI.INT64_T], [last, MPI.INT64_T], MPI.MAX)
+        h = self.take()
+        if h is not None:
+            h.result = int(last[0])
+            finish(h, None)
+
 
 class Negotiation:
     """One cycle of agreement, the full round, and joined ranks' stand-ins, for the members of ``comm``.
@@ -104,9 +116,6 @@ class Negotiation:
         self._finish = finish
         self._caller_waits = caller_waits
         self._aborted = aborted
-
-    def has_work(self) -> bool:
-        return bool(self.waiting) or self.join.handle is not None
 
     def pending(self) -> list[Handle]:
         """The requests taken and not yet ready, the pending join included."""
@@ -152,7 +161,14 @@ class Negotiation:
         self.cycles += 1
         if self.left is not None:
             self.check_left()
-        g = self._exchange(NOT_JOINED | (self.cache.all_bits & ~mask))
+        # the exchange of _exchange, inline: this is the hot path of every blocking call
+        buf = bytearray((NOT_JOINED | (self.cache.all_bits & ~mask)).to_bytes(self.cache.nbytes, "little"))
+        req = self.request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+        if not req.Test():
+            wait_request(req, self._raise_if_stopped)
+        self.request = None
+        self.agreed = self.cycles
+        g = int.from_bytes(buf, "little")
         if g & (NEED_FULL | SOME_JOINED) or g & mask:
             self.waiting[h.name] = h
             self._process(g, False, False, mask)      # the others want more than this request
@@ -238,7 +254,7 @@ class Negotiation:
         buf = bytearray(word.to_bytes(self.cache.nbytes, "little"))
         req = self.request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
         if not req.Test():
-            self.wait_request(req)
+            wait_request(req, self._raise_if_stopped)
         self.request = None
         self.agreed = self.cycles
         return int.from_bytes(buf, "little")
@@ -253,7 +269,7 @@ class Negotiation:
         everything = False                       # every waiting request of mine is ready
         if g & SOME_JOINED or joined:
             if not g & NOT_JOINED:
-                self._complete_join(fresh_join)
+                self.join.complete(self.comm, self.ranks[self.rank], fresh_join, self._finish)
                 return
             ready = []
             by_key = {h.key: h for h in waiting.values() if h.entry is not None}
@@ -263,7 +279,7 @@ class Negotiation:
                 entry = self.cache.at_bit(low.bit_length() - 1)
                 h = by_key.get(entry.key)
                 if h is None or h.entry is not entry:
-                    h = self._dummy(entry.key, entry.sig)
+                    h = stand_in(entry.key, entry.sig, self.ranks)
                     h.entry = entry
                 ready.append(h)
                 free ^= low
@@ -293,7 +309,7 @@ class Negotiation:
         if g & NEED_FULL:
             ready.extend(self._full_round(joined))
         if g & SOME_JOINED and ready:
-            ready = self._refuse_after_join(ready)
+            ready = refuse_after_join(ready, self._finish)
         if not ready:
             return
         for h in ready:
@@ -332,7 +348,7 @@ class Negotiation:
                 sig = next(iter(sigs))
                 entry = cache.put(key, sig, self.cycles)
                 if mine is None:
-                    mine = self._dummy(key, sig)
+                    mine = stand_in(key, sig, self.ranks)
                     mine.name = name
                 mine.entry = entry
                 out.append(mine)
@@ -367,84 +383,83 @@ class Negotiation:
             self._finish(h, err)
         self.waiting.clear()
 
-    def _refuse_after_join(self, ready: list[Handle]) -> list[Handle]:
-        """While a rank has joined, only allreduces (and barriers) can run: a joined rank can add neutral
-        values to a sum but has no rows to gather, no slice to reduce and no value to broadcast. As in Horovod,
-        the others' allgather, broadcast, alltoall and reducescatter fail (on every member the same: ``g`` is
-        agreed) and nothing runs for them."""
-        keep = []
-        for h in ready:
-            if h.kind in (K.ALLREDUCE, K.BARRIER):
-                keep.append(h)
-            elif not h.dummy:
-                self._finish(h, HpcvodInputError(
-                    f"{K.KIND_NAMES.get(h.kind, 'collective')} {h.name!r}: not supported while a rank has joined "
-                    f"(only allreduce is, as in Horovod); with DistributedOptimizer use sparse_as_dense=True"))
-        return keep
-
-    def _complete_join(self, fresh: bool) -> None:
-        """Every rank has joined: agree on the last one to join and release join() everywhere."""
-        mine = np.array([self.ranks[self.rank] if fresh else -1], np.int64)
-        last = np.empty(1, np.int64)
-        self.comm.Allreduce([mine, MPI.INT64_T], [last, MPI.INT64_T], MPI.MAX)
-        h = self.join.take()
-        if h is not None:
-            h.result = int(last[0])
-            self._finish(h, None)
-
-    def wait_request(self, req: MPI.Request) -> None:
-        """Poll ``req``: spin (like MPI itself) for SPIN_SECONDS, then sleep with a growing (<= 1 ms) back-off.
-
-        Peers routinely arrive a few hundred microseconds apart (a large reduction ends earlier on one rank
-        than on the other), so the spin must cover that; a peer that is still computing costs a sleeping
-        poll, not a core.
-        """
-        test = req.Test
-        if test():
-            return
-        t0 = _perf()
-        while not test():
-            waited = _perf() - t0
-            if waited < SPIN_SECONDS:
-                continue
-            aborted = self._aborted()
-            if aborted is not None:
-                raise aborted
-            if self.left is not None:
-                self.check_left()
-            time.sleep(min(0.001, waited * 0.05))
+    def _raise_if_stopped(self) -> None:
+        """While waiting: the lane's abort error, or the error of a member that left before this negotiation."""
+        aborted = self._aborted()
+        if aborted is not None:
+            raise aborted
+        if self.left is not None:
+            self.check_left()
 
     # ----------------------------------------------------------------------------------- execution
-    def _dummy(self, key: Any, sig: Signature) -> Handle:
-        """A joined rank's stand-in for a collective the others run."""
-        kind = sig.kind
-        elem = sig.elem
-        # bfloat16 device requests: int16 words in memory, float32 for the host's arithmetic
-        dt = np.dtype(np.int16) if is_bfloat16(elem) else elem
-        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            tensor = identity_fill(sig.op, elem, sig.shape)
-        elif kind == K.BROADCAST:
-            tensor = np.zeros(sig.shape, dt)
-        elif kind in (K.ALLGATHER, K.ALLTOALL):
-            tensor = np.zeros((0,) + tuple(sig.shape), dt)
-        else:
-            tensor = None
-        h = Handle(str(key), kind, sig, tensor, None)
-        h.key = key
-        h.dummy = True
-        if sig.device and tensor is not None:
-            # not through _devices(): making it is collective, and the others make it later, in _execute
-            from .gpu import probe
-            h.tensor = probe()[0].asarray(tensor)
-            h.device = True
-        if dt is not None:
-            h.mpi_type = mpi_type(dt)
-        if kind in (K.ALLREDUCE, K.REDUCESCATTER):
-            h.mpi_op = mpi_reduce_op(sig.op, arithmetic_dtype(elem))
-            h.prescale = sig.prescale
-            h.postscale = sig.postscale / self.size if sig.op == AVERAGE else sig.postscale
-        elif kind == K.BROADCAST:
-            h.root = self.ranks.index(sig.root)
-        elif kind == K.ALLTOALL:
-            h.splits = np.zeros(self.size, np.int64)
-        return h
+
+
+def refuse_after_join(ready: list[Handle], finish: Callable[[Handle, BaseException | None], None]) -> list[Handle]:
+    """While a rank has joined, only allreduces (and barriers) can run: a joined rank can add neutral
+    values to a sum but has no rows to gather, no slice to reduce and no value to broadcast. As in Horovod,
+    the others' allgather, broadcast, alltoall and reducescatter fail (on every member the same: ``g`` is
+    agreed) and nothing runs for them."""
+    keep = []
+    for h in ready:
+        if h.kind in (K.ALLREDUCE, K.BARRIER):
+            keep.append(h)
+        elif not h.dummy:
+            finish(h, HpcvodInputError(
+                f"{K.KIND_NAMES.get(h.kind, 'collective')} {h.name!r}: not supported while a rank has joined "
+                f"(only allreduce is, as in Horovod); with DistributedOptimizer use sparse_as_dense=True"))
+    return keep
+
+
+def stand_in(key: Any, sig: Signature, ranks: list[int]) -> Handle:
+    """A joined rank's stand-in for a collective the others run."""
+    kind = sig.kind
+    elem = sig.elem
+    # bfloat16 device requests: int16 words in memory, float32 for the host's arithmetic
+    dt = np.dtype(np.int16) if is_bfloat16(elem) else elem
+    if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+        tensor = identity_fill(sig.op, elem, sig.shape)
+    elif kind == K.BROADCAST:
+        tensor = np.zeros(sig.shape, dt)
+    elif kind in (K.ALLGATHER, K.ALLTOALL):
+        tensor = np.zeros((0,) + tuple(sig.shape), dt)
+    else:
+        tensor = None
+    h = Handle(str(key), kind, sig, tensor, None)
+    h.key = key
+    h.dummy = True
+    if sig.device and tensor is not None:
+        # not through _devices(): making it is collective, and the others make it later, in _execute
+        from .gpu import probe
+        h.tensor = probe()[0].asarray(tensor)
+        h.device = True
+    if dt is not None:
+        h.mpi_type = mpi_type(dt)
+    if kind in (K.ALLREDUCE, K.REDUCESCATTER):
+        h.mpi_op = mpi_reduce_op(sig.op, arithmetic_dtype(elem))
+        h.prescale = sig.prescale
+        h.postscale = sig.postscale / len(ranks) if sig.op == AVERAGE else sig.postscale
+    elif kind == K.BROADCAST:
+        h.root = ranks.index(sig.root)
+    elif kind == K.ALLTOALL:
+        h.splits = np.zeros(len(ranks), np.int64)
+    return h
+
+
+def wait_request(req: MPI.Request, raise_if_stopped: Callable[[], None]) -> None:
+    """Poll ``req``: spin (like MPI itself) for SPIN_SECONDS, then sleep with a growing (<= 1 ms) back-off,
+    calling ``raise_if_stopped`` between sleeps.
+
+    Peers routinely arrive a few hundred microseconds apart (a large reduction ends earlier on one rank
+    than on the other), so the spin must cover that; a peer that is still computing costs a sleeping
+    poll, not a core.
+    """
+    test = req.Test
+    if test():
+        return
+    t0 = _perf()
+    while not test():
+        waited = _perf() - t0
+        if waited < SPIN_SECONDS:
+            continue
+        raise_if_stopped()
+        time.sleep(min(0.001, waited * 0.05))

@@ -24,6 +24,7 @@ from .tensors import (as_array, chain, check_out, contiguous_work, copy_into, de
                       device_view, element_of, on_device)
 
 _ndarray = np.ndarray
+_new_sig = tuple.__new__   # builds a Signature from all its fields without NamedTuple's Python-level __new__
 _NO_COMPRESSION = Compression.none
 _VALID_OPS = (AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT)
 
@@ -109,7 +110,7 @@ def _allreduce_handle(tensor: Any, average: bool | None, name: str | None, op: i
             in_place = True
         elif np.may_share_memory(output, a):
             raise HpcvodInputError("allreduce: out= overlaps the input; use allreduce_ to reduce in place")
-    sig = Signature(K.ALLREDUCE, dtype, a.shape, op, None, pre, post, False)
+    sig = _new_sig(Signature, (K.ALLREDUCE, dtype, a.shape, op, None, pre, post, False))   # Signature(...), faster
     if name is None:
         h = Handle(lane.auto_name(), K.ALLREDUCE, sig, a, output, True)
     else:
