@@ -28,7 +28,12 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error on one line (and exit status 2)."""
+    """argparse that reports a usage error on one line (and exit status 2), and takes no abbreviation: `--gpus=8`
+    must never become --gpus-per-node=8 (every parser and sub-parser of hpcvod is one of these)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix("hpcvod").strip()
@@ -56,16 +61,112 @@ def _add_scheduler_options(p: argparse.ArgumentParser) -> None:
             group.add_argument(flag(name), metavar=metavar, help=text)
 
 
+# sbatch options whose request hpcvod words another way: refused in one line naming hpcvod's option
+SBATCH_REFUSED = {
+    "--gpus-per-task": "hpcvod starts one rank per GPU: give --gpus-per-node (-G) or --gpus (a total)",
+    "--ntasks-per-gpu": "hpcvod starts one rank per GPU: give --gpus-per-node (-G)",
+    "--cpus-per-gpu": "hpcvod starts one rank per GPU: give --cpus-per-task (-c)",
+    "--gpus-per-socket": "give --gpus-per-node (-G)",
+    "--mem-per-cpu": "give --mem (per node) or --mem-per-gpu",
+}
+
+
+class _Refused(argparse.Action):
+    """An option of sbatch that hpcvod does not take: one line naming what to give instead."""
+
+    def __init__(self, *args, instead: str = "", **kwargs) -> None:
+        self.instead = instead
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        raise UserError(f"{option_string}: not an hpcvod option: {self.instead}")
+
+
+def _per_node(total: int | None, nodes: int | None, flag: str, per_node_flag: str) -> int | None:
+    """sbatch's total (--gpus, --ntasks) as hpcvod's per-node count; one line where it does not divide."""
+    if total is None:
+        return None
+    count = nodes or 1
+    least = 0 if flag == "--gpus" else 1
+    if total < least:
+        raise UserError(f"{flag} {total}: expected an integer >= {least}")
+    if count > 0 and total % count:
+        raise UserError(f"{flag} {total}: a total for {count} node{'s' if count != 1 else ''} does not divide "
+                        f"evenly; give {per_node_flag} (per node) or a multiple of {count}")
+    return total // count if count > 0 else total
+
+
+def _gres_gpus(gres: str | None) -> tuple[str | None, int] | None:
+    """--gres gpu:N or gpu:TYPE:N -> (TYPE or None, N); anything else is one line."""
+    if gres is None:
+        return None
+    import re
+
+    match = re.fullmatch(r"gpu(?::([A-Za-z0-9_.-]+))?:([0-9]+)", gres)
+    if not match:
+        raise UserError(f"--gres {gres!r}: expected gpu:N or gpu:TYPE:N (GPUs per node); other resources: "
+                        "--sched-opt")
+    return match.group(1), int(match.group(2))
+
+
+def _sbatch_spellings(args: argparse.Namespace) -> None:
+    """Turn sbatch's spellings into hpcvod's options, once: each clash with hpcvod's own is one line."""
+    gres = _gres_gpus(args.gres)
+    given = [(flag, value) for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--gpus", args.gpus),
+                                              ("--gres", gres)) if value is not None]
+    if len(given) > 1:
+        raise UserError(f"{given[0][0]} and {given[1][0]}: two ways to ask for GPUs; give one")
+    if args.gpus is not None:
+        args.gpus_per_node = _per_node(args.gpus, args.nodes, "--gpus", "--gpus-per-node (-G)")
+    if gres is not None:
+        args.gpus_per_node = gres[1]
+    if args.ntasks is not None:
+        if args.tasks_per_node is not None:
+            raise UserError("--ntasks and --tasks-per-node: two ways to ask for ranks; give one")
+        args.tasks_per_node = _per_node(args.ntasks, args.nodes, "--ntasks", "--tasks-per-node")
+
+
+def _short_q(args: argparse.Namespace, site) -> None:
+    """-q, once the site is known: the QoS on a Slurm site (as sbatch reads it), the queue elsewhere (qsub)."""
+    if args.short_q is None:
+        return
+    from hpcvod.schedulers import scheduler_class
+
+    if scheduler_class(site.profile.scheduler).short_q_is_qos:
+        if args.qos is not None:
+            raise UserError(f"-q {args.short_q} and --qos {args.qos}: -q is the QoS on site {site.name!r}; give one")
+        args.qos = args.short_q
+    else:
+        if args.partition is not None:
+            raise UserError(f"-q {args.short_q} and --partition/--queue {args.partition}: -q is the queue on site "
+                            f"{site.name!r}; give one")
+        args.partition = args.short_q
+
+
 def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
     p.add_argument("--nodes", "-N", type=int, help="number of nodes (default 1)")
-    p.add_argument("--gpus-per-node", "-G", type=int, help="GPUs per node (default 0); one rank per GPU")
-    p.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or one per CPU slot)")
-    p.add_argument("--cpus-per-task", type=int, help="CPUs per rank (default: the node's CPUs shared among its GPU ranks, else 1)")
+    p.add_argument("--gpus-per-node", "-G", type=int, metavar="N",
+                   help="GPUs PER NODE, one rank each (default: every GPU of the partition's nodes; -G 0: CPU ranks "
+                   "on a GPU partition). For a total as sbatch's --gpus, use --gpus")
+    p.add_argument("--tasks-per-node", "--ntasks-per-node", type=int,
+                   help="ranks per node (default: GPUs per node, or one per CPU slot)")
+    p.add_argument("--cpus-per-task", "-c", type=int,
+                   help="CPUs per rank (default: the node's CPUs shared among its GPU ranks, else 1)")
+    group = p.add_argument_group("sbatch's spellings (the same request, turned into hpcvod's per-node options)")
+    group.add_argument("--ntasks", "-n", type=int, metavar="N", help="ranks IN TOTAL: --tasks-per-node = N / --nodes "
+                       "(refused unless it divides)")
+    group.add_argument("--gpus", type=int, metavar="N", help="GPUs IN TOTAL: --gpus-per-node = N / --nodes (refused "
+                       "unless it divides)")
+    group.add_argument("--gres", metavar="gpu:[TYPE:]N", help="N GPUs per node (TYPE: the partition's gpu_type)")
     p.add_argument("--time", "-t", help="walltime, HH:MM:SS, D-HH:MM:SS or minutes (default: the partition's)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--partition", "-p", help="partition (Slurm) or queue (PBS)")
-    group.add_argument("--queue", "-q", dest="partition", help="same as --partition")
+    group.add_argument("--partition", "-p", help="partition (Slurm) or queue (PBS, SGE)")
+    group.add_argument("--queue", dest="partition", help="same as --partition")
+    p.add_argument("-q", dest="short_q", metavar="NAME", help="as sbatch and qsub read it: the QoS on a Slurm site "
+                   "(--qos), the queue on a PBS or SGE site (--queue)")
+    for spelling, instead in SBATCH_REFUSED.items():
+        p.add_argument(spelling, dest=None, action=_Refused, nargs="?", help=argparse.SUPPRESS, instead=instead)
     p.add_argument("--account", "-A", help="account/project to charge (default: the site's)")
     p.add_argument("--job-name", "-J", help="job name (default: the script's name)")
     _add_scheduler_options(p)
@@ -248,8 +349,15 @@ def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
     from hpcvod.sites.loader import discover_site
 
     host = detect_host()
+    _sbatch_spellings(args)
     site = discover_site(args.site, host.hostname, schedulers=profile_options())
-    return prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv])
+    _short_q(args, site)
+    prepared = prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv])
+    gres = _gres_gpus(args.gres)
+    if gres and gres[0] is not None and gres[0] != prepared.plan.gpu_type:
+        has = f"GPUs of type {prepared.plan.gpu_type}" if prepared.plan.gpu_type else "untyped GPUs (no gpu_type)"
+        raise UserError(f"--gres {args.gres}: partition {prepared.plan.partition!r} of site {site.name!r} has {has}")
+    return prepared
 
 
 def _print_json(data: object) -> None:
@@ -289,7 +397,10 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
         raise UserError("submit: --follow prints the output as it comes, --show-output at the end: give one of them")
     prepared = _prepare(args, program, argv)
     secret_values(prepared.plan.secret_env)  # a secret not set here is refused by a dry run too
+    from hpcvod.jobs.plan import world_line
+
     if args.dry_run:
+        print(world_line(prepared.plan), file=sys.stderr)  # what -N/-G/--tasks-per-node add up to
         if args.json:
             _print_json({"plan": prepared.plan.to_dict(), "script": prepared.script})
         else:
@@ -300,6 +411,7 @@ def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]
     with progress(sys.stderr, f"submitting to {prepared.plan.scheduler}"):
         ref = submit_prepared(prepared, Path(args.output_dir or DEFAULT_ROOT),
                               root_option="--output-dir" if args.output_dir else "jobs folder")
+    print(world_line(prepared.plan), file=sys.stderr)
     if not args.json:
         print(one_line(f"submitted job {ref.job_id} to site {ref.site} ({ref.scheduler}); folder: {ref.job_dir}"))
         sys.stdout.flush()

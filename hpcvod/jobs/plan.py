@@ -268,7 +268,8 @@ class _Environment:
 
 
 def _layout(spec: JobSpec, site: Site, scheduler: Scheduler, host: HostFacts) -> _Layout:
-    """The partition and the rank layout: one task per GPU, one per CPU slot when no GPU is asked for."""
+    """The partition and the rank layout: one task per GPU (every GPU of a node unless -G is given), one per CPU
+    slot when no GPU is asked for (-G 0, or a partition without GPUs)."""
     profile = site.profile
     partition_name = spec.partition or profile.default_partition or next(iter(profile.partitions))
     part = _partition(site, partition_name, "--partition")
@@ -280,7 +281,8 @@ def _layout(spec: JobSpec, site: Site, scheduler: Scheduler, host: HostFacts) ->
     _positive(spec.cpus_per_task, "--cpus-per-task")
     nodes = spec.nodes or 1
     _max_nodes(part, nodes, "--nodes", partition_name, site)
-    gpus = spec.gpus_per_node or 0
+    # a partition with GPUs gets one rank per GPU of each node unless -G says otherwise (-G 0: CPU ranks there)
+    gpus = node_gpus if spec.gpus_per_node is None else spec.gpus_per_node
     if gpus > node_gpus:
         raise UserError(f"--gpus-per-node {gpus}: partition {partition_name!r} of site {site.name!r} has "
                         f"{node_gpus} GPU{'s' if node_gpus != 1 else ''} per node")
@@ -418,6 +420,15 @@ def _data_service_part(ds: DataServiceSpec, ds_layout: tuple[str, int, int, int]
         program_argv=(*program.wrap, program.python, "-m", COMPUTE_WORKER, "--dispatchers", str(ds.dispatchers),
                       "--dispatcher-side", ds.dispatcher_side, Verbatim(f'"${DATA_SERVICE_CONFIG_ENV}"')),
         hostfiles=hostfiles)
+
+
+def world_line(plan: LaunchPlan) -> str:
+    """The world a submit starts, in one line for stderr: nodes x ranks per node, and the GPUs."""
+    gpus = f"{plan.gpus_per_node} GPU{'s' if plan.gpus_per_node != 1 else ''} per node" if plan.gpus_per_node \
+        else f"no GPU, {plan.cpus_per_task} CPU{'s' if plan.cpus_per_task != 1 else ''} per rank"
+    return (f"world: {plan.nodes} node{'s' if plan.nodes != 1 else ''} x {plan.tasks_per_node} "
+            f"rank{'s' if plan.tasks_per_node != 1 else ''} = {plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
+            f", {gpus}")
 
 
 def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> LaunchPlan:

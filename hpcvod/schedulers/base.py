@@ -134,6 +134,8 @@ class Scheduler:
     # What every one of its job ids starts with ("" for none): on a single-host scheduler, a JOB of another form
     # is no id of it, and only a job folder can name the job.
     job_id_prefix: ClassVar[str] = ""
+    # What sbatch's or qsub's -q means to this scheduler's users: the QoS (Slurm), else the queue (--partition).
+    short_q_is_qos: ClassVar[bool] = False
     # A job with a tf.data service compute job (submit --data-service-nodes; docs/data-service.md): how its two
     # parts get their nodes. "components": one heterogeneous job, each part launched in its own component
     # (srun --het-group=0 the compute part, 1 the training); "hostfiles": one job whose host list the script

@@ -112,6 +112,7 @@ class SlurmScheduler(Scheduler):
     array_output = "output.%a.log"  # %a: the array task's index
 
     own_launcher = "srun"
+    short_q_is_qos = True  # sbatch -q is --qos
     data_service_layout = "components"
 
     def directives(self, plan: JobRequest) -> list[str]:

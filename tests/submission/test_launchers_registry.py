@@ -93,7 +93,7 @@ def test_a_registered_launcher_becomes_a_profile_choice(tmp_path: Path) -> None:
         (tmp_path / "train.py").write_text("")
         plan = resolve(JobSpec(program="train.py", nodes=2), site,
                        dataclasses.replace(golden_host(), cwd=str(tmp_path)))
-        assert plan.launcher == "echo-test" and plan.launch_argv[:2] == ("echo-launch", "--ranks=64")
+        assert plan.launcher == "echo-test" and plan.launch_argv[:2] == ("echo-launch", "--ranks=8")  # 2 x 4 GPUs
         assert ("ECHO_LAUNCH", "1") in dict(plan.env_groups)["launcher"]
     finally:
         del _REGISTRY["echo-test"]
