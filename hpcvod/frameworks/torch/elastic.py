@@ -108,10 +108,12 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self._saved = copy.deepcopy(model.state_dict())
+class _StateDictHandler(StateHandler):
+    """A value with ``state_dict()`` / ``load_state_dict()``: a deep copy of its state dict is the commit."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self._saved = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
@@ -119,36 +121,18 @@ class ModelStateHandler(StateHandler):
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
 
+
+class ModelStateHandler(_StateDictHandler):
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerStateHandler(StateHandler):
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(optimizer)
-        self._saved = copy.deepcopy(optimizer.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class SamplerStateHandler(StateHandler):
-    def __init__(self, sampler: ElasticSampler) -> None:
-        super().__init__(sampler)
-        self._saved = copy.deepcopy(sampler.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
+class SamplerStateHandler(_StateDictHandler):
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
 
