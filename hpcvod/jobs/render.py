@@ -60,8 +60,10 @@ def environment():  # -> jinja2.Environment
     return env
 
 
-def render(plan: LaunchPlan, template: str) -> str:
-    """The script for ``plan`` (byte-identical for identical plans: no clocks, no paths of the moment)."""
+def render(plan: LaunchPlan, template: str, job_folder: bool = True) -> str:
+    """The script for ``plan`` (byte-identical for identical plans: no clocks, no paths of the moment);
+    ``job_folder``: it goes into a job folder (submit), else it is written alone (``hpcvod render``), and its
+    header says how to submit it instead of pointing at a folder nobody made."""
     for directive in plan.directives:
         if "\n" in directive or "\r" in directive:
             raise ValueError(f"directive {directive!r} spans lines")
@@ -82,6 +84,7 @@ def render(plan: LaunchPlan, template: str) -> str:
         "part_hostfiles": [Verbatim(h) for h in plan.data_service.hostfiles]
         if plan.data_service and plan.data_service.hostfiles else None,
         "data_service_log": Verbatim(DATA_SERVICE_LOG), "data_service_config": Verbatim(DATA_SERVICE_CONFIG),
+        "job_folder": job_folder,
     }
     return environment().get_template(template).render(context)
 

@@ -16,7 +16,7 @@ from hpcvod.jobs.render import render
 from hpcvod.jobs.spec import JobSpec
 from hpcvod.machine.host import HostFacts
 from hpcvod.schedulers import scheduler_for
-from hpcvod.schedulers.base import (CANCEL_FILE, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
+from hpcvod.schedulers.base import (CANCEL_FILE, CANCELLED, COMPLETED, FAILED, UNKNOWN, JobStatus, read_cancel_marker,
                                     read_exit_file, status_from_exit_file, task_exit_file, write_cancel_marker)
 from hpcvod.schedulers.jobfiles import read_json, write_job_file
 from hpcvod.support.errors import UserError
@@ -34,10 +34,13 @@ class Prepared:
     script_name: str
 
 
-def prepare(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = ()) -> Prepared:
+def prepare(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] = (),
+            job_folder: bool = True) -> Prepared:
+    """The plan and its script; ``job_folder=False``: the script is written alone (``hpcvod render``)."""
     plan = resolve(spec, site, host, command)
     scheduler = scheduler_for(site)
-    return Prepared(site=site, plan=plan, script=render(plan, scheduler.template), script_name=scheduler.script_name)
+    return Prepared(site=site, plan=plan, script=render(plan, scheduler.template, job_folder),
+                    script_name=scheduler.script_name)
 
 
 def secret_values(names: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -197,11 +200,11 @@ def component_states(ref: JobRef) -> list[tuple[str, JobStatus]]:
 
 def cancel_job(ref: JobRef) -> JobStatus | None:
     """Mark the folder (so the job's end reads CANCELLED), then ask the scheduler; a refusal takes back a mark
-    this call made. A job that has already ended is left as it is (its mark would turn a FAILED into CANCELLED):
-    its status is returned, else None."""
+    this call made. A job known to have ended (an exit status, or cancelled) is left as it is (its mark would turn
+    a FAILED into CANCELLED): its status is returned, else None."""
     scheduler = scheduler_of(ref)
     status = job_status(ref)
-    if status.finished:
+    if status.finished and (status.exit_code is not None or status.state == CANCELLED):
         return status
     marked_before = read_cancel_marker(ref.job_dir)
     write_cancel_marker(ref.job_dir)
@@ -217,6 +220,18 @@ def cancel_job(ref: JobRef) -> JobStatus | None:
 def job_mpi_check(plan: LaunchPlan) -> tuple[str | None, str]:
     """(a one-line refusal or None, the comparison as `doctor` shows it): the MPI the job's Python loads with the
     job's environment against the site's flavour, checked before anything is queued."""
+    problem, comparison, _ = _job_mpi_comparison(plan)
+    return problem, comparison
+
+
+def job_mpi_verdict(plan: LaunchPlan) -> tuple[str, str]:
+    """`doctor`'s row for the same check: ("ok", ...) only when both MPIs were seen and agree, ("FAIL", the
+    refusal), or ("--", why it could not be compared here)."""
+    problem, comparison, compared = _job_mpi_comparison(plan)
+    return ("FAIL", problem) if problem else ("ok" if compared else "--", comparison)
+
+
+def _job_mpi_comparison(plan: LaunchPlan) -> tuple[str | None, str, bool]:
     from hpcvod.launchers import without_outer_launch
     from hpcvod.machine.flavour import FLAVOUR_NAMES, job_mpi, job_python, mismatch, unknowable
 
@@ -224,10 +239,11 @@ def job_mpi_check(plan: LaunchPlan) -> tuple[str | None, str]:
     why_not = unknowable(plan.container, plan.modules, plan.setup)
     python = job_python(plan.program_argv)
     if why_not or python is None:
-        return None, f"{promised}; not checked here: {why_not or 'the job runs no Python'}"
+        return None, f"{promised}; not checked here: {why_not or 'the job runs no Python'}", False
     found = job_mpi(python, {**without_outer_launch(os.environ), **plan.env})
     problem = mismatch(plan.site, plan.mpi_flavour, found)
-    return problem, f"{promised}; the job's Python {found.describe()}"
+    # a Python that loads no MPI (or one not told apart) leaves nothing to compare: the job itself will say so
+    return problem, f"{promised}; the job's Python {found.describe()}", found.flavour is not None
 
 
 def refuse_another_mpi(plan: LaunchPlan) -> None:

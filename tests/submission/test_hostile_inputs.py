@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,8 +38,9 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_
 SLOW_LIMIT = 15.0  # seconds one example may take (a refused cancel is instant; the local grace time is 5 s)
 TRAIN = "print('train')\n"
 # hpcvod's own words in scheduler command lines; everything else a fake tool sees must be a job id
-FIXED_WORDS = {"--", "--json", "--jobs", "--noheader", "--format", "%T|%r|%S", "show", "job", "--oneliner",
-               "--allocations", "--parsable2", "State,ExitCode,Start,End", "-f", "-x", "-u", "*", "-j", "-terse"}
+FIXED_WORDS = {"--", "--json", "--jobs", "--noheader", "--format", "%i|%T|%r|%S", "show", "job", "--oneliner",
+               "--allocations", "--parsable2", "JobID,State,ExitCode,Start,End", "-f", "-x", "-u", "*", "-j",
+               "-terse"}
 CANARY: dict[str, int] = {}  # the canary's pid, for the job-folder strategies (drawn once the fixture has run)
 SCHEDULER_TOOLS = ("scancel", "squeue", "scontrol", "sacct", "sbatch", "qdel", "qstat", "qacct", "qsub")
 
@@ -130,7 +132,10 @@ def assert_contract(argv: list[str], code: int, err: str, elapsed: float, allowe
     assert "Traceback" not in err, (argv, err)
     if code == 2:
         lines = err.splitlines()
-        assert len(lines) == 1, (argv, err)
+        if argv[:2] == ["sites", "validate"]:  # every problem of the file, one line each
+            assert lines and all(re.match(r"\S+: ", line) for line in lines), (argv, err)  # where: what
+        else:
+            assert len(lines) == 1, (argv, err)
     assert elapsed < SLOW_LIMIT, (argv, elapsed)
 
 

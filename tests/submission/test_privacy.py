@@ -121,9 +121,15 @@ def test_private_by_default_whatever_the_umask(workdir, users):
     assert files.pop("job.sh") == 0o700
     assert set(files.values()) == {0o600}, files  # output.log and exitcode too (the script's umask 077)
     assert "umask 077" in (job_dir / "job.sh").read_text()
-    done = hpcvod("cancel", str(job_dir), cwd=workdir, env=clean_env(workdir))  # the mark it leaves: private too
+    # the mark cancel leaves (on a job still running: one that has ended keeps its end, and gets none): private too
+    (workdir / "sleepy.py").write_text("import time\ntime.sleep(300)\n")
+    done = hpcvod("submit", "--site", "local", "--tasks-per-node", "1", "--json", "--output-dir", str(root),
+                  "sleepy.py", cwd=workdir, env=clean_env(workdir))
     assert done.returncode == 0, done.stderr
-    assert _mode(job_dir / "cancelled") == 0o600
+    running = Path(json.loads(done.stdout)["job_dir"])
+    done = hpcvod("cancel", str(running), cwd=workdir, env=clean_env(workdir))
+    assert done.returncode == 0 and "cancel requested" in done.stdout, done.stdout + done.stderr
+    assert _mode(running / "cancelled") == 0o600
 
     # another user: the root keeps them out; opened up by hand, the job folder still does
     peer = users[0]
