@@ -352,7 +352,8 @@ def _prepare(args: argparse.Namespace, program: list[str], argv: Sequence[str]):
     _sbatch_spellings(args)
     site = discover_site(args.site, host.hostname, schedulers=profile_options())
     _short_q(args, site)
-    prepared = prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv])
+    prepared = prepare(_job_spec(args, program), site, host, command=["hpcvod", *argv],
+                       job_folder=args.command == "submit")  # render writes the script alone
     gres = _gres_gpus(args.gres)
     if gres and gres[0] is not None and gres[0] != prepared.plan.gpu_type:
         has = f"GPUs of type {prepared.plan.gpu_type}" if prepared.plan.gpu_type else "untyped GPUs (no gpu_type)"
@@ -367,7 +368,7 @@ def _print_json(data: object) -> None:
 # ---- commands ---------------------------------------------------------------------------------------------
 
 
-def _site_job_mpi(site) -> tuple[str | None, str]:
+def _site_job_mpi(site) -> tuple[str, str]:
     """`doctor`'s view of submit's MPI check: a job of ``site`` run from here (a .py script, the defaults)."""
     import dataclasses
     import tempfile
@@ -379,9 +380,9 @@ def _site_job_mpi(site) -> tuple[str | None, str]:
     with tempfile.TemporaryDirectory(prefix="hpcvod-doctor-") as tmp:
         (Path(tmp) / "train.py").write_text("")
         plan = resolve(JobSpec(program="train.py"), site, dataclasses.replace(detect_host(), cwd=tmp))
-    from hpcvod.jobs.submission import job_mpi_check
+    from hpcvod.jobs.submission import job_mpi_verdict
 
-    return job_mpi_check(plan)
+    return job_mpi_verdict(plan)
 
 
 def cmd_submit(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:

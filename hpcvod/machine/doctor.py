@@ -85,7 +85,7 @@ out = {"ok": True, "text": f"tensorflow {tf.__version__}; keras {tf.keras.__vers
 import numpy as np
 shim = not hasattr(np, "bool")
 if shim:
-    np.bool = bool  # MXNet 1.9 still uses np.bool, which numpy >= 1.24 removed (FACTS.md)
+    np.bool = bool  # MXNet 1.9 still uses np.bool, which numpy >= 1.24 removed (docs/measured.md)
 import mxnet as mx
 out = {"ok": True, "text": f"mxnet {mx.__version__}" + (" (with the np.bool shim)" if shim else "")}
 """,
@@ -132,13 +132,14 @@ def run_probes(env: dict[str, str]) -> dict[str, tuple[bool, str]]:
 
 
 def doctor(out: IO[str], find_site: "Callable[[str], Site]",
-           job_check: "Callable[[Site], tuple[str | None, str]] | None" = None) -> int:
+           job_check: "Callable[[Site], tuple[str, str]] | None" = None) -> int:
     """Print the report; exit status 1 when no working MPI was found (nothing could run) or the site's jobs would
     load another MPI than the site launches, else 0.
     ``find_site(hostname)`` is the site a job submitted from here would use (the CLI hands it over: launchers
     stand beside the schedulers, whose options a profile is validated against, and do not import them).
     ``job_check(site)`` is submit's comparison of the MPI the job's Python loads with the site's flavour:
-    (the refusal or None, the comparison)."""
+    (its state: ok, FAIL, or -- where it could not be compared here; the comparison or the refusal). A row says
+    "ok" only for what was checked."""
     from hpcvod.machine.host import detect_host
     from hpcvod.support.errors import UserError
 
@@ -150,9 +151,9 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]",
         site = find_site(host.hostname)
         rows.append(("site", "ok", f"{site.name} ({site.profile.scheduler}; {site.source})"))
         if job_check is not None:
-            problem, comparison = job_check(site)
-            job_mpi_ok = problem is None
-            rows.append(("job's MPI", "ok" if job_mpi_ok else "FAIL", problem or comparison))
+            state, text = job_check(site)
+            job_mpi_ok = state != "FAIL"
+            rows.append(("job's MPI", state, text))
     except UserError as err:
         rows.append(("site", "FAIL", str(err)))
     rows.append(("machine", "ok", f"{host.hostname}: {host.cpu_count} CPU(s), {host.gpu_count} GPU(s)"
@@ -178,5 +179,5 @@ def doctor(out: IO[str], find_site: "Callable[[str], Site]",
     width = max(len(r[0]) for r in rows)
     for name, state, text in rows:
         out.write(f"{name:<{width}}  {state:<4}  {text}\n")
-    out.write("-- = optional, not usable here; FAIL = needed to run jobs\n")
+    out.write("-- = optional and not usable here, or not checked here; FAIL = needed to run jobs\n")
     return 0 if mpi_ok and job_mpi_ok else 1
