@@ -459,22 +459,6 @@ def summary_figure(summary: Summary, top: int) -> Any:
 # ---- the command -------------------------------------------------------------------------------------------
 
 
-def add_parser(sub: Any) -> None:
-    """``hpcvod timeline summary``'s arguments (cli.py calls this; the command's code stays here)."""
-    p = sub.add_parser("timeline", help="read a timeline (HPCVOD_TIMELINE): hpcvod timeline summary FILE")
-    verbs = p.add_subparsers(dest="timeline_command", metavar="summary", required=True)
-    q = verbs.add_parser("summary", help="top collectives by time, negotiation against transfer per rank, stalls")
-    q.add_argument("files", nargs="+", metavar="FILE",
-                   help="timeline file(s): one per rank where HPCVOD_TIMELINE held {rank}")
-    q.add_argument("-o", "--output", metavar="PNG", help="also draw the summary into this PNG file (needs "
-                   "matplotlib: pip install 'hpcvod[plots]')")
-    q.add_argument("--top", type=int, default=10, help="rows of the collectives and stalls tables (default 10)")
-    q.add_argument("--stall-ms", type=float, default=100.0,
-                   help="a negotiation this long or longer is a stall (default 100)")
-    q.add_argument("--max-mib", type=float, default=DEFAULT_MAX_MIB,
-                   help=f"refuse a file larger than this (default {DEFAULT_MAX_MIB})")
-
-
 def summary_command(args: Any) -> int:
     """``hpcvod timeline summary``: the tables on stdout, notes on stderr, the picture with -o. Exit 0, or 2 for
     a file that is not a timeline (raised as UserError: one line)."""

@@ -24,7 +24,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hpcvod.launchers.run import runtime_settings
+from hpcvod.cli.run import runtime_settings
 from hpcvod.runtime import config
 from hpcvod.runtime.checkpoint import CheckpointUnreadable, read_archive
 from hpcvod.runtime.config import Settings

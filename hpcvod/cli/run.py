@@ -5,7 +5,7 @@
     hpcvod run -np 8 --hostfile hosts.txt --fusion-threshold-mb 32 --timeline-filename tl.json train.py
 
 The launch line comes from the same launchers as rendered scripts (hpcvod/launchers), the flavour from the
-same detection as the local site; the runtime settings reach every rank as HPCVOD_* variables (docs/contract.md).
+same detection as the local site (hpcvod/machine/flavour.py); the runtime settings reach every rank as HPCVOD_* variables (docs/contract.md).
 """
 
 from __future__ import annotations
@@ -19,12 +19,33 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Sequence
 
-from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
-from hpcvod.machine.flavour import MpiNotFound, detect_mpi
-from hpcvod.support.shell import parse_env, shell_join
+from hpcvod.cli.command import Command
 from hpcvod.support.errors import UserError
 from hpcvod.support.files import read_text_bounded
+from hpcvod.support.shell import parse_env, shell_join
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="start ranks on this machine or on given hosts (like horovodrun)",
+                       usage="hpcvod run -np N [-H HOSTS | --hostfile FILE] [OPTIONS] COMMAND...")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
+    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. h1:2,h2:2 (default: this machine)")
+    p.add_argument("--hostfile", help="file with one `host[:slots]` or `host slots=N` per line")
+    p.add_argument("--mpi-args", default="", help="extra arguments for the MPI launcher (one string)")
+    p.add_argument("--timeline-filename", help="write a Chrome-trace timeline here (HPCVOD_TIMELINE)")
+    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (HPCVOD_FUSION_THRESHOLD)")
+    p.add_argument("--cycle-time-ms", type=float, help="engine cycle time in ms (HPCVOD_CYCLE_TIME)")
+    p.add_argument("--cache-capacity", type=int, help="response cache entries (HPCVOD_CACHE_CAPACITY)")
+    p.add_argument("--stall-check-warning-time-seconds", type=int, help="HPCVOD_STALL_CHECK_TIME_SECONDS")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=int, help="HPCVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    p.add_argument("--hierarchical-allreduce", action="store_true", help="HPCVOD_HIERARCHICAL_ALLREDUCE=1")
+    p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE", help="more environment")
+    p.add_argument("--mpi", dest="launcher", help="MPI launcher to use (default: the mpiexec beside this Python)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the launch command before running it")
+    return p
+
 
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -156,7 +177,10 @@ def _write_hostfile(hosts: list[tuple[str, int]], flavour: str, folder: str) -> 
     return str(path)
 
 
-def run_command(args: argparse.Namespace, program: list[str]) -> int:
+def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
+    from hpcvod.launchers import LaunchRequest, label_argv, launcher_for, without_outer_launch
+    from hpcvod.machine.flavour import MpiNotFound, detect_mpi
+
     if not program:
         raise UserError("missing COMMAND: hpcvod run -np N [OPTIONS] COMMAND [ARGS...]")
     if args.np < 1:
@@ -205,3 +229,6 @@ def run_command(args: argparse.Namespace, program: list[str]) -> int:
             raise UserError(f"{argv[0]}: cannot run it") from None
         except KeyboardInterrupt:
             return 130
+
+
+COMMAND = Command("run", add_parser, run, takes_program=True)

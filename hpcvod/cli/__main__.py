@@ -1,0 +1,7 @@
+"""``python -m hpcvod.cli ARGS...``: the ``hpcvod`` command."""
+
+import sys
+
+from hpcvod.cli import main
+
+sys.exit(main())
