@@ -64,8 +64,8 @@ SBATCH_REFUSED = {
 }
 
 
-class _Refused(argparse.Action):
-    """An option of sbatch that hpcvod does not take: one line naming what to give instead."""
+class Refused(argparse.Action):
+    """An option of sbatch (or horovodrun) that hpcvod does not take: one line naming what to give instead."""
 
     def __init__(self, *args, instead: str = "", **kwargs) -> None:
         self.instead = instead
@@ -159,7 +159,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", dest="short_q", metavar="NAME", help="as sbatch and qsub read it: the QoS on a Slurm site "
                    "(--qos), the queue on a PBS or SGE site (--queue)")
     for spelling, instead in SBATCH_REFUSED.items():
-        p.add_argument(spelling, dest=None, action=_Refused, nargs="?", help=argparse.SUPPRESS, instead=instead)
+        p.add_argument(spelling, dest=None, action=Refused, nargs="?", help=argparse.SUPPRESS, instead=instead)
     p.add_argument("--account", "-A", help="account/project to charge (default: the site's)")
     p.add_argument("--job-name", "-J", help="job name (default: the script's name)")
     _add_scheduler_options(p)

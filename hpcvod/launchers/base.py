@@ -105,8 +105,10 @@ def registered() -> dict[str, type[Launcher]]:
     return dict(_REGISTRY)
 
 
-def label_argv(python: str) -> list[str]:
+def label_argv(python: str, output_dir: str | None = None, world_size: int = 0) -> list[str]:
     """The words that run a rank's program through the line labeller (hpcvod.launchers.label), by ``python``,
     which must import hpcvod: every line the program prints reaches the launcher as ``[RANK]<stdout>: ...`` or
-    ``[RANK]<stderr>: ...``. They go between the launcher's words and the program's."""
-    return [python, "-m", "hpcvod.launchers.label", "--"]
+    ``[RANK]<stderr>: ...``. They go between the launcher's words and the program's. ``output_dir``: each rank's
+    output is also written to output_dir/rank.R/{stdout,stderr} (hpcvod run --output-filename)."""
+    copies = ["--output-dir", output_dir, "--world-size", str(world_size)] if output_dir else []
+    return [python, "-m", "hpcvod.launchers.label", *copies, "--"]

@@ -11,6 +11,10 @@ child too (PR_SET_PDEATHSIG). The wrapper exits as the program did, with its sta
 File descriptors stay inherited: Hydra and srun's PMI-2 hand the rank its PMI connection as one (PMI_FD).
 
 It needs only the standard library and starts in a few tens of milliseconds on every rank.
+
+``--output-dir DIR --world-size N`` (``hpcvod run --output-filename DIR``) also copies the program's own output,
+unlabelled, into ``DIR/rank.R/stdout`` and ``DIR/rank.R/stderr`` (R zero-padded to N - 1's width), the layout
+horovodrun writes; folders 0700 and files 0600: nobody else reads a rank's output.
 """
 
 from __future__ import annotations
@@ -59,12 +63,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class _Stream:
-    """Bytes from one of the program's pipes -> whole labelled lines on one of ours."""
+    """Bytes from one of the program's pipes -> whole labelled lines on one of ours (and, unlabelled, into
+    ``copy_fd``: --output-dir's file)."""
 
-    def __init__(self, out_fd: int, prefix: bytes) -> None:
-        self.out_fd, self.prefix, self.pending = out_fd, prefix, b""
+    def __init__(self, out_fd: int, prefix: bytes, copy_fd: int | None = None) -> None:
+        self.out_fd, self.prefix, self.pending, self.copy_fd = out_fd, prefix, b"", copy_fd
 
     def feed(self, chunk: bytes) -> None:
+        if self.copy_fd is not None:
+            _write_all(self.copy_fd, chunk)
         data = self.pending + chunk
         lines = data.split(b"\n")
         self.pending = lines.pop()
@@ -92,8 +99,21 @@ def _child_setup() -> None:
         os._exit(137)
 
 
-def run_labelled(argv: Sequence[str], environ: dict[str, str] | None = None) -> int:
-    """Run ``argv`` with its output labelled; returns its exit status (negative: killed by that signal)."""
+def rank_output_files(folder: str, rank: str, world_size: int) -> tuple[int, int]:
+    """(stdout, stderr) file descriptors of ``folder/rank.R/`` (R zero-padded as horovodrun pads it), created
+    private: folders 0700, files 0600."""
+    padded = rank.zfill(len(str(max(world_size - 1, 0)))) if rank.isdigit() else rank
+    where = os.path.join(folder, f"rank.{padded}")
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return (os.open(os.path.join(where, "stdout"), flags, 0o600),
+            os.open(os.path.join(where, "stderr"), flags, 0o600))
+
+
+def run_labelled(argv: Sequence[str], environ: dict[str, str] | None = None,
+                 copies: tuple[int, int] | None = None) -> int:
+    """Run ``argv`` with its output labelled (and copied, unlabelled, into ``copies``: stdout's and stderr's file
+    descriptors); returns its exit status (negative: killed by that signal)."""
     rank = rank_of(os.environ if environ is None else environ)
     try:
         child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False,
@@ -103,8 +123,9 @@ def run_labelled(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
         return 127
     for number in FORWARDED:
         signal.signal(number, lambda signum, _frame: _forward(child, signum))
-    streams = {child.stdout.fileno(): _Stream(1, label_prefix(rank, "stdout")),  # type: ignore[union-attr]
-               child.stderr.fileno(): _Stream(2, label_prefix(rank, "stderr"))}  # type: ignore[union-attr]
+    out_copy, err_copy = copies or (None, None)
+    streams = {child.stdout.fileno(): _Stream(1, label_prefix(rank, "stdout"), out_copy),  # type: ignore[union-attr]
+               child.stderr.fileno(): _Stream(2, label_prefix(rank, "stderr"), err_copy)}  # type: ignore[union-attr]
     selector = selectors.DefaultSelector()
     for fd in streams:
         selector.register(fd, selectors.EVENT_READ)
@@ -132,14 +153,29 @@ def _forward(child: subprocess.Popen, signum: int) -> None:
         pass
 
 
+USAGE = "usage: python -m hpcvod.launchers.label [--output-dir DIR --world-size N] -- PROGRAM [ARGS...]\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    copies = None
+    if args[:1] == ["--output-dir"]:
+        if len(args) < 4 or args[2] != "--world-size" or not args[3].isdigit():
+            sys.stderr.write(USAGE)
+            sys.exit(2)
+        rank = rank_of(os.environ)
+        try:
+            copies = rank_output_files(args[1], rank, int(args[3]))
+        except OSError as err:  # every rank says so, on its own labelled line, and none starts half-recorded
+            _write_all(2, label_prefix(rank, "stderr") + f"--output-filename {args[1]}: {err.strerror}\n".encode())
+            sys.exit(1)
+        args = args[4:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        sys.stderr.write("usage: python -m hpcvod.launchers.label -- PROGRAM [ARGS...]\n")
+        sys.stderr.write(USAGE)
         sys.exit(2)
-    status = run_labelled(args)
+    status = run_labelled(args, copies=copies)
     if status < 0:  # die the way the program died, so the launcher reports the same signal ("Killed")
         try:
             signal.signal(-status, signal.SIG_DFL)

@@ -13,7 +13,6 @@ Examples are derandomized and few, so the file runs the same everywhere in secon
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import tempfile
@@ -24,6 +23,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hpcvod.cli import build_parser
 from hpcvod.cli.run import runtime_settings
 from hpcvod.runtime import config
 from hpcvod.runtime.checkpoint import CheckpointUnreadable, read_archive
@@ -78,7 +78,7 @@ def test_no_non_finite_spelling_reaches_the_engine(text, name) -> None:
 
 RUN_OPTIONS = {"fusion_threshold_mb": config.FUSION_THRESHOLD, "cycle_time_ms": config.CYCLE_TIME,
                "cache_capacity": config.CACHE_CAPACITY, "stall_check_warning_time_seconds": config.STALL_CHECK_TIME,
-               "stall_check_shutdown_time_seconds": config.STALL_SHUTDOWN_TIME}
+               "stall_check_shutdown_time_seconds": config.STALL_SHUTDOWN_TIME, "start_timeout": config.INIT_TIMEOUT}
 FLOAT_OPTIONS = ("fusion_threshold_mb", "cycle_time_ms")   # type=float in the CLI; the others are type=int
 
 
@@ -93,8 +93,7 @@ def test_hpcvod_run_passes_on_only_what_the_runtime_accepts(option, text) -> Non
         value = float(text) if option in FLOAT_OPTIONS else int(text)
     except ValueError:
         return
-    args = argparse.Namespace(**{key: None for key in RUN_OPTIONS}, timeline_filename=None,
-                              hierarchical_allreduce=False)
+    args = build_parser().parse_args(["run", "-np", "1"])   # every other option at its default
     setattr(args, option, value)
     try:
         env = runtime_settings(args)

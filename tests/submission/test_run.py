@@ -129,7 +129,9 @@ def test_run_python_not_importing_hpcvod_falls_back_to_this_python(tmp_path):
     (["-np", "0", "probe.py"], "-np 0: expected a positive number"),
     (["-np", "2"], "missing COMMAND"),
     (["-np", "2", "--hostfile", "nope.txt", "probe.py"], "--hostfile 'nope.txt': cannot read it"),
-    (["-np", "2", "--mpi", "/no/such/mpiexec", "probe.py"], "no MPI launcher"),
+    (["-np", "2", "--mpi-launcher", "/no/such/mpiexec", "probe.py"], "no MPI launcher"),
+    # --mpi is horovodrun's switch now: the launcher path it used to take is refused, naming --mpi-launcher
+    (["-np", "2", "--mpi", "/no/such/mpiexec", "probe.py"], "--mpi-launcher /no/such/mpiexec"),
     # non-finite and out-of-range tuning values: the runtime would refuse them on every rank (config.py's bounds)
     (["-np", "2", "--fusion-threshold-mb", "inf", "probe.py"], "--fusion-threshold-mb inf: expected a size in MiB"),
     (["-np", "2", "--fusion-threshold-mb", "nan", "probe.py"], "--fusion-threshold-mb nan: expected a size in MiB"),
