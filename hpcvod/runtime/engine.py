@@ -119,8 +119,7 @@ class Lane:
         self._join = self.negotiation.join
         self._driving = False
         self._nwaiters = 0
-        self._bg: threading.Thread | None = None
-        self._bg_sleeping = False
+        self.background = BackgroundDriver(self)
         self._stopping = False
         self._abort: BaseException | None = None
         self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
@@ -144,10 +143,11 @@ class Lane:
         if self.timeline is not None:
             h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
-        # Read without the lock: _bg_main publishes "sleeping" *before* it last looks at the queue, so
-        # either it sees this request or we see it sleeping.
-        if self._bg_sleeping or self._bg is None:
-            self._wake_bg()
+        # Read without the lock: the background thread publishes "sleeping" *before* it last looks at the
+        # queue, so either it sees this request or we see it sleeping.
+        bg = self.background
+        if bg.sleeping or bg.thread is None:
+            bg.wake()
         return h
 
     def submit_many(self, hs: list[Handle]) -> None:
@@ -158,13 +158,9 @@ class Lane:
         for h in hs:
             h.lane = self
         self._queue.extend(hs)
-        if self._bg_sleeping or self._bg is None:
-            self._wake_bg()
-
-    def _wake_bg(self) -> None:
-        with self._lock:
-            if not self._driving:              # a driver hands leftover work to the thread when it stops
-                self._wake_bg_locked()
+        bg = self.background
+        if bg.sleeping or bg.thread is None:
+            bg.wake()
 
     def run(self, h: Handle) -> Any:
         """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
@@ -246,19 +242,11 @@ class Lane:
     def _has_work(self) -> bool:
         return bool(self._queue or self._waiting or self._join.handle is not None)
 
-    def _wake_bg_locked(self) -> None:
-        if self._bg is None:
-            self._bg = threading.Thread(target=self._bg_main, name=f"hpcvod-lane-{self.set_id}", daemon=True)
-            self._bg.start()
-        elif self._bg_sleeping:
-            self._bg_sleeping = False
-            self._cv.notify_all()
-
     def _release_driver(self) -> None:
         with self._lock:
             self._driving = False
             if self._has_work() and not self._stopping and self._abort is None:
-                self._wake_bg_locked()
+                self.background.wake_locked()
             if self._nwaiters:
                 self._cv.notify_all()
 
@@ -279,30 +267,6 @@ class Lane:
                 raise  # KeyboardInterrupt, SystemExit
         finally:
             self._release_driver()
-
-    def _bg_can_drive(self) -> bool:
-        return not self._driving and self._abort is None and self._has_work()
-
-    def _bg_main(self) -> None:
-        while True:
-            with self._lock:
-                while not self._bg_can_drive():
-                    if self._stopping:
-                        return
-                    self._bg_sleeping = True
-                    if self._bg_can_drive():   # submit() appends without the lock, then reads "sleeping"
-                        break
-                    self._cv.wait()
-                if self._stopping:
-                    return
-                self._bg_sleeping = False
-                self._driving = True
-            if self.cycle_time:
-                time.sleep(self.cycle_time)
-            try:
-                self._drive(None)
-            except BaseException as exc:  # pragma: no cover - reported to every waiter by _drive
-                print(f"hpcvod: engine thread of process set {self.set_id} failed: {exc!r}", file=sys.stderr)
 
     def _cycle(self) -> None:
         now = _perf()
@@ -388,7 +352,7 @@ class Lane:
                 self._abort = HpcvodShutdownError(
                     f"hpcvod was shut down while collectives were pending in process set {self.set_id}")
             self._cv.notify_all()
-            bg = self._bg
+            bg = self.background.thread
             driving = self._driving
         if not driving:
             self._fail_everything(HpcvodShutdownError("hpcvod was shut down"))
@@ -414,6 +378,58 @@ class Lane:
         items = self.negotiation.pending() + list(self._queue)
         # a request still in the queue may not be stamped yet (t_submit 0): it has just arrived
         return [(h.name, h.kind, now - h.t_submit if h.t_submit else 0.0) for h in items if not h.done]
+
+
+class BackgroundDriver:
+    """A lane's background thread, ``hpcvod-lane-<set>``: started by the first asynchronous request, it drives
+    the lane while work is left that no caller drives, and sleeps on the lane's condition otherwise. Its state
+    is guarded by the lane's lock; ``sleeping`` is also read without it by submitters (Lane.submit)."""
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.thread: threading.Thread | None = None
+        self.sleeping = False
+
+    def wake(self) -> None:
+        lane = self.lane
+        with lane._lock:
+            if not lane._driving:              # a driver hands leftover work to the thread when it stops
+                self.wake_locked()
+
+    def wake_locked(self) -> None:
+        """Start the thread, or wake it if it sleeps (the caller holds the lane's lock)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._main, name=f"hpcvod-lane-{self.lane.set_id}", daemon=True)
+            self.thread.start()
+        elif self.sleeping:
+            self.sleeping = False
+            self.lane._cv.notify_all()
+
+    def _can_drive(self) -> bool:
+        lane = self.lane
+        return not lane._driving and lane._abort is None and lane._has_work()
+
+    def _main(self) -> None:
+        lane = self.lane
+        while True:
+            with lane._lock:
+                while not self._can_drive():
+                    if lane._stopping:
+                        return
+                    self.sleeping = True
+                    if self._can_drive():      # submit() appends without the lock, then reads "sleeping"
+                        break
+                    lane._cv.wait()
+                if lane._stopping:
+                    return
+                self.sleeping = False
+                lane._driving = True
+            if lane.cycle_time:
+                time.sleep(lane.cycle_time)
+            try:
+                lane._drive(None)
+            except BaseException as exc:  # pragma: no cover - reported to every waiter by _drive
+                print(f"hpcvod: engine thread of process set {lane.set_id} failed: {exc!r}", file=sys.stderr)
 
 
 def dumps(obj: Any) -> np.ndarray:

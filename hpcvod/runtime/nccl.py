@@ -365,42 +365,47 @@ class DeviceOps:
 
     # ------------------------------------------------------------------------------- staging
     def staged(self, h: Any) -> None:
-        """Any device request through host memory: copy in, run the lane's host code, copy the result back.
+        """Any device request through host memory (stage_through_host)."""
+        stage_through_host(h, self.cupy, self.host)
 
-        The host code runs on a private copy of the handle, so ``h`` is marked done only once its result is
-        back in device memory (a waiter polls ``h.done`` without the lock).
-        """
-        cp = self.cupy
-        in_place = h.output is h.tensor
-        proxy = copy.copy(h)
-        proxy.tensor = cp.asnumpy(h.tensor)
-        # bfloat16 words are reduced as float32 on the host (MPI has no bfloat16) and rounded back once
-        widened = h.kind in (K.ALLREDUCE, K.REDUCESCATTER) and is_bfloat16(h.sig.elem)
-        if widened:
-            proxy.tensor = bfloat16_widen(np, proxy.tensor)
-            proxy.mpi_type = mpi_type(proxy.tensor.dtype)
-            proxy.mpi_op = mpi_reduce_op(h.sig.op, arithmetic_dtype(h.sig.elem))
-        proxy.output = proxy.tensor if in_place else None
-        proxy.device = False
-        proxy.done = False
-        self.host.run(proxy)
-        if proxy.error is not None:
-            h.error = proxy.error
-        result = proxy.result
-        if widened and isinstance(result, np.ndarray):
-            result = bfloat16_narrow(np, result)
-        if isinstance(result, tuple):                     # alltoall with splits: (array, received splits)
-            h.result = (cp.asarray(result[0]),) + tuple(result[1:])
-        elif isinstance(result, np.ndarray):
-            target = h.tensor if in_place else h.output
-            if target is not None:
-                target.set(result)
-                h.result = target
-            else:
-                h.result = cp.asarray(result)
+
+def stage_through_host(h: Any, cp: Any, host: Any) -> None:
+    """Any device request through host memory: copy in, run the lane's host code (``host``, the lane's
+    host.HostOps), copy the result back.
+
+    The host code runs on a private copy of the handle, so ``h`` is marked done only once its result is
+    back in device memory (a waiter polls ``h.done`` without the lock).
+    """
+    in_place = h.output is h.tensor
+    proxy = copy.copy(h)
+    proxy.tensor = cp.asnumpy(h.tensor)
+    # bfloat16 words are reduced as float32 on the host (MPI has no bfloat16) and rounded back once
+    widened = h.kind in (K.ALLREDUCE, K.REDUCESCATTER) and is_bfloat16(h.sig.elem)
+    if widened:
+        proxy.tensor = bfloat16_widen(np, proxy.tensor)
+        proxy.mpi_type = mpi_type(proxy.tensor.dtype)
+        proxy.mpi_op = mpi_reduce_op(h.sig.op, arithmetic_dtype(h.sig.elem))
+    proxy.output = proxy.tensor if in_place else None
+    proxy.device = False
+    proxy.done = False
+    host.run(proxy)
+    if proxy.error is not None:
+        h.error = proxy.error
+    result = proxy.result
+    if widened and isinstance(result, np.ndarray):
+        result = bfloat16_narrow(np, result)
+    if isinstance(result, tuple):                     # alltoall with splits: (array, received splits)
+        h.result = (cp.asarray(result[0]),) + tuple(result[1:])
+    elif isinstance(result, np.ndarray):
+        target = h.tensor if in_place else h.output
+        if target is not None:
+            target.set(result)
+            h.result = target
         else:
-            h.result = result
-        h.done = True
+            h.result = cp.asarray(result)
+    else:
+        h.result = result
+    h.done = True
 
 
 class _NcclPrimitives:

@@ -360,7 +360,7 @@ class Negotiation:
                 if mine is not None:
                     self._finish(mine, err)
         if not out and len(active) == self.size and all(stuck for _, _, stuck in everyone):
-            self._fail_deadlock(everyone)
+            fail_deadlock(everyone, self.waiting, self._finish, self.set_id, self.ranks)
         return out
 
     def _stuck(self) -> bool:
@@ -370,19 +370,6 @@ class Negotiation:
         newest = max(h.t_submit for h in self.waiting.values())
         return _perf() - newest > DEADLOCK_AFTER_SECONDS
 
-    def _fail_deadlock(self, everyone: list) -> None:
-        """Every member waits on collectives no other member submitted, and none can submit more: a rank
-        skipped collectives (an exception it caught between two of them) and the ranks are out of step. Waiting
-        would hang for ever; the same error on every member is what the user can act on."""
-        detail = "; ".join(f"rank {self.ranks[r]} waits for {first_of([repr(name) for name, _, _ in its], 4)}"
-                           for r, (_, its, _) in enumerate(everyone))
-        err = HpcvodMismatchError(
-            f"ranks are out of step in process set {self.set_id}: every rank waits for collectives that no other "
-            f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")
-        for h in list(self.waiting.values()):
-            self._finish(h, err)
-        self.waiting.clear()
-
     def _raise_if_stopped(self) -> None:
         """While waiting: the lane's abort error, or the error of a member that left before this negotiation."""
         aborted = self._aborted()
@@ -391,7 +378,21 @@ class Negotiation:
         if self.left is not None:
             self.check_left()
 
-    # ----------------------------------------------------------------------------------- execution
+
+def fail_deadlock(everyone: list, waiting: dict[str, Handle], finish: Callable[[Handle, BaseException | None], None],
+                  set_id: int, ranks: list[int]) -> None:
+    """Every member waits on collectives no other member submitted, and none can submit more: a rank
+    skipped collectives (an exception it caught between two of them) and the ranks are out of step. Waiting
+    would hang for ever; the same error on every member is what the user can act on. ``everyone``: the full
+    round's (joined, items, stuck) of every member; the ``waiting`` requests fail with ``finish``."""
+    detail = "; ".join(f"rank {ranks[r]} waits for {first_of([repr(name) for name, _, _ in its], 4)}"
+                       for r, (_, its, _) in enumerate(everyone))
+    err = HpcvodMismatchError(
+        f"ranks are out of step in process set {set_id}: every rank waits for collectives that no other "
+        f"rank submitted ({detail}); a rank skipped collectives (an exception between two of them?)")
+    for h in list(waiting.values()):
+        finish(h, err)
+    waiting.clear()
 
 
 def refuse_after_join(ready: list[Handle], finish: Callable[[Handle, BaseException | None], None]) -> list[Handle]:
