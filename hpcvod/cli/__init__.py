@@ -22,7 +22,6 @@ from typing import Sequence
 from hpcvod import __version__
 from hpcvod.cli import cancel, doctor, jobs, logs, render, run, sites, status, submit, timeline
 from hpcvod.cli.command import Command
-from hpcvod.cli.doctor import site_job_mpi as _site_job_mpi  # noqa: F401  (the name tests and earlier callers use)
 from hpcvod.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, split_program
 from hpcvod.support.errors import UserError, one_line
 
@@ -47,6 +46,21 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     return parser, {command.name: command.add_parser(sub) for command in COMMANDS}
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str],
+           command_parsers: dict[str, argparse.ArgumentParser]) -> argparse.Namespace:
+    """parse_args, whose 'unrecognized arguments' line also names the command's nearest flag to each (difflib):
+    a typo, or another tool's flag (horovodrun's, sbatch's) hpcvod spells differently."""
+    import difflib
+
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        own = [flag for action in command_parsers[args.command]._actions for flag in action.option_strings]
+        near = [f"{extra} -> {match[0]}" for extra in extras if extra.startswith("-")
+                for match in [difflib.get_close_matches(extra.split("=", 1)[0], own, n=1, cutoff=0.7)] if match]
+        parser.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; nearest: {', '.join(near)}" if near else ""))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, command_parsers = _build()
@@ -56,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if word in COMMAND_BY_NAME and COMMAND_BY_NAME[word].takes_program:
             at = argv.index(word)
             options, program = split_program(command_parsers[word], argv[at + 1:])
-            args = parser.parse_args(argv[:at + 1] + options)
+            args = _parse(parser, argv[:at + 1] + options, command_parsers)
         else:
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv, command_parsers)
         command = COMMAND_BY_NAME[args.command]
         code = command.run(args, program, argv)
         if command.flush_stdout:

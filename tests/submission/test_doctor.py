@@ -29,17 +29,17 @@ def test_doctor_in_the_main_venv(tmp_path):
 def test_doctor_says_ok_only_for_what_it_checked(tmp_path):
     """The job's-MPI row: "ok" when the job Python's MPI was seen and agrees, "--" with the reason when it could
     not be compared here (modules or setup lines decide it on the nodes, or the Python loads no MPI)."""
-    from hpcvod.cli import _site_job_mpi
+    from hpcvod.cli.doctor import site_job_mpi
     from hpcvod.schedulers import profile_options
     from hpcvod.sites import load_site
 
     local = load_site("local", schedulers=profile_options())
-    state, text = _site_job_mpi(local)
+    state, text = site_job_mpi(local)
     assert state == "ok" and "the job's Python" in text and "loads MPICH" in text, text
     (tmp_path / "modules.yaml").write_text("extends: local\nmodules: [mpi/openmpi-5]\n")
-    state, text = _site_job_mpi(load_site(str(tmp_path / "modules.yaml"), schedulers=profile_options()))
+    state, text = site_job_mpi(load_site(str(tmp_path / "modules.yaml"), schedulers=profile_options()))
     assert (state, text.split("; ", 1)[1]) == ("--", "not checked here: the site's modules/setup lines decide it "
                                                       "on the nodes")
     (tmp_path / "nompi.yaml").write_text("extends: local\nenv:\n  MPI4PY_LIBMPI: /nonexistent/libmpi.so\n")
-    state, text = _site_job_mpi(load_site(str(tmp_path / "nompi.yaml"), schedulers=profile_options()))
+    state, text = site_job_mpi(load_site(str(tmp_path / "nompi.yaml"), schedulers=profile_options()))
     assert state == "--" and "loads no MPI" in text, (state, text)

@@ -197,6 +197,9 @@ def test_single_dash_hostfile_as_horovodrun_spells_it(tmp_path):
     (["--mpi", "/usr/bin/mpiexec"], "--mpi is a switch now, as in horovodrun; to choose the launcher give "
                                     "--mpi-launcher /usr/bin/mpiexec"),
     (["-p", "0"], "--ssh-port 0: expected a port from 1 to 65535"),
+    # not horovodrun's either: a typo gets the nearest flag
+    (["--fusion-treshold-mb", "3"], "unrecognized arguments: --fusion-treshold-mb; nearest: --fusion-treshold-mb -> "
+                                    "--fusion-threshold-mb"),
 ])
 def test_horovodrun_flags_hpcvod_does_not_take_are_one_line(tmp_path, args, line):
     done = _run("mpich", tmp_path, "-np", "2", *args, "probe.py")
