@@ -106,10 +106,14 @@ def test_render_same_inputs_byte_identical(workdir):
     to_file = hpcvod("render", "-o", "job.pbs", *args, cwd=workdir)
     assert to_file.returncode == 0, to_file.stderr
     written = (workdir / "job.pbs").read_text().splitlines()
-    # the same script as `render` and `submit --dry-run` print; only the command line in the header differs
+    # the same script as `render` and `submit --dry-run` print; only the header differs: the command line, and
+    # render says that it made no job folder where a submitted script says how to re-run it from its folder
     dry = hpcvod("submit", "--dry-run", *args, cwd=workdir).stdout.splitlines()
-    assert written[3:] == one.stdout.splitlines()[3:] == dry[3:]
+    body = lambda lines: lines[next(i for i, line in enumerate(lines) if line.startswith("#PBS")):]  # noqa: E731
+    assert body(written) == body(one.stdout.splitlines()) == body(dry)
+    assert written[3:6] == one.stdout.splitlines()[3:6]
     assert written[2] == "# Command: hpcvod render -o job.pbs " + " ".join(args[:-1]) + " 'x y'"
+    assert "no job folder was made" in written[4] and not any("no job folder" in line for line in dry)
 
 
 def test_job_folders_are_never_reused(tmp_path):
