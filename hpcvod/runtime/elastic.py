@@ -6,7 +6,7 @@ function so that a failure of the world does not end the job:
 * **Detection.** A rank that dies, or leaves ``run`` with an exception, is seen by the watchdog (its control
   connection closes, or it reports the exception) and by MPI itself (ULFM: ``MPI_ERR_PROC_FAILED``). Inside
   ``run``, the watchdog's verdict does not end the job (:func:`absorbs_failure`, called by
-  ``context._abort_job``): this rank marks its runtime failed, fails every pending collective with
+  ``session.Runtime.abort_job``): this rank marks its runtime failed, fails every pending collective with
   :class:`HpcvodRankFailureError` (a ``HorovodInternalError``) and revokes its communicators, so that a thread
   inside an MPI call returns instead of waiting for the dead rank.
 * **Reset.** Every rank still alive shuts its runtime down, shrinks the old world's communicator (ULFM's
@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from . import context
+from . import context, session
 from .config import number
 from .errors import (HostsUpdatedInterrupt, HpcvodConfigError, HpcvodError, HpcvodInputError,
                      HpcvodMismatchError, HpcvodNotInitializedError, HpcvodRankFailureError, HpcvodShutdownError,
@@ -185,7 +185,7 @@ _elastic = _Elastic()
 
 
 def absorbs_failure(rt: Any, reason: str) -> bool:
-    """The elastic switch of the runtime's failure path (``context._abort_job``): inside ``run``, a dead or
+    """The elastic switch of the runtime's failure path (``session.Runtime.abort_job``): inside ``run``, a dead or
     failed rank breaks this world instead of ending the job. Returns whether it did."""
     if not _elastic.inside:
         return False
@@ -193,6 +193,9 @@ def absorbs_failure(rt: Any, reason: str) -> bool:
         print(f"hpcvod: rank {rt.info.rank if rt.info else -1}: {reason}", file=sys.stderr, flush=True)
     return True
 
+
+
+session.FAILURE_ABSORBERS.append(absorbs_failure)
 
 def _break_world(rt: Any, reason: str,
                  then: str = "elastic: restoring the last commit and going on with the ranks left") -> bool:
@@ -203,7 +206,7 @@ def _break_world(rt: Any, reason: str,
         if rt.failed is not None:
             return False
         rt.failed = reason
-        rt.exit_code = context.EXIT_RANK_FAILURE
+        rt.exit_code = session.EXIT_RANK_FAILURE
     rank = rt.info.rank if rt.info else -1
     print(f"hpcvod: rank {rank}: {reason}; {then}", file=sys.stderr, flush=True)
     error = HpcvodRankFailureError(f"rank {rank}: {reason}")

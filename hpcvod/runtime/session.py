@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import gpu
 from .config import Settings, settings_disagreement
@@ -27,6 +27,11 @@ EXIT_STALL = 71          # HPCVOD_STALL_SHUTDOWN_TIME_SECONDS was reached
 ABORT_GRACE_SECONDS = 1.0
 LEFT_GRACE_SECONDS = 15.0  # a collective still running this long after a member left is stuck for ever
 
+
+
+# Functions (runtime, reason) -> bool that may take a rank's failure over instead of ending the job; the elastic
+# module adds its own when it is imported, so that this room never imports the one above it.
+FAILURE_ABSORBERS: list[Callable[["Runtime", str], bool]] = []
 
 class Runtime:
     """Everything init() sets up; one instance between init() and shutdown()."""
@@ -182,9 +187,8 @@ class Runtime:
 
     def abort_job(self, reason: str, kind: str) -> None:
         """Called by the watchdog: fail every waiter, then exit non-zero (MPI calls may never return now).
-        Inside hvd.elastic.run a failed rank resets the world instead (runtime/elastic.py)."""
-        from .elastic import absorbs_failure
-        if kind == "failure" and absorbs_failure(self, reason):
+        Inside hvd.elastic.run a failed rank resets the world instead (runtime/elastic.py adds its absorber)."""
+        if kind == "failure" and any(absorbs(self, reason) for absorbs in FAILURE_ABSORBERS):
             return
         with self.lock:
             if self.failed is not None:

@@ -76,23 +76,4 @@ class TensorFlowState(ObjectState):
         self._values = [v.numpy() if self._bcast_op is None else v.eval(self.session) for v in self.variables]
 
 
-def __getattr__(name: str) -> Any:
-    """``TensorFlowKerasState``, on first use (it imports Keras, which ``hpcvod.tensorflow`` does not need)."""
-    if name != "TensorFlowKerasState":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from hpcvod.frameworks.tensorflow.keras.elastic import KerasState
-
-    class TensorFlowKerasState(KerasState):
-        """Horovod's ``TensorFlowKerasState(model, optimizer, backend, **kwargs)``: Keras's ``KerasState``;
-        ``backend`` (a TF1 Keras backend for its session) has nothing to do with Keras 3 and is ignored."""
-
-        def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
-            super().__init__(model, optimizer=optimizer, **kwargs)
-
-    TensorFlowKerasState.__module__ = __name__
-    TensorFlowKerasState.__qualname__ = name
-    globals()[name] = TensorFlowKerasState
-    return TensorFlowKerasState
-
-
-__all__ = ["run", "State", "ObjectState", "TensorFlowState"]   # and TensorFlowKerasState, on first use
+__all__ = ["run", "State", "ObjectState", "TensorFlowState"]   # TensorFlowKerasState: keras/elastic.py

@@ -125,3 +125,11 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run",
            "State", "ObjectState"]
+
+
+class TensorFlowKerasState(KerasState):
+    """Horovod's ``horovod.tensorflow.elastic.TensorFlowKerasState(model, optimizer, backend, **kwargs)``: Keras's
+    ``KerasState``; ``backend`` (a TF1 Keras backend for its session) has nothing to do with Keras 3 and is ignored."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        super().__init__(model, optimizer=optimizer, **kwargs)
