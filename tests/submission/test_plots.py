@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.jobs import plots, scaling, sitecheck
+from hpcvod.jobs import plots, scaling, sitecheck, sitecheck_model, sitecheck_report
 from submission_helpers import clean_env, hpcvod
 from test_sites_check_units import decode_png
 
@@ -41,8 +41,8 @@ LINKS = {"world_size": 4, "nodes": 2, "buffers": "host and device",
 
 def two_node_report(site: str = "sandbox") -> dict:
     figures = sitecheck.link_figures(LINKS)
-    checks = [sitecheck.Check("world.size", "pass", "one world of 4 ranks"),
-              sitecheck.Check("links.inter_node", "warn", "latency 370 us")]
+    checks = [sitecheck_model.Check("world.size", "pass", "one world of 4 ranks"),
+              sitecheck_model.Check("links.inter_node", "warn", "latency 370 us")]
     return {"site": site, "job_id": "17", "state": "COMPLETED", "finished": "2026-11-25T10:00:00+0000",
             "exit_status": 0, "request": {"nodes": 2, "tasks_per_node": 2, "step_ms": 100.0, "overlap": 0.0},
             "checks": [c.__dict__ for c in checks], "figures": figures, "links": LINKS,
@@ -106,7 +106,7 @@ def test_reports_in_the_job_folder_html_self_contained_and_escaped(tmp_path: Pat
     hostile = '<script>alert("x")</script>'
     report = two_node_report(site=hostile)
     report["checks"][0]["evidence"] = 'rank 0 said <img src=x onerror="alert(1)"> & left'
-    sitecheck.write_reports(tmp_path, report)
+    sitecheck_report.write_reports(tmp_path, report)
     assert report["plots"] == ["bandwidth.png", "latency.png", "projection.png"] and "plots_note" not in report
     for name in report["plots"]:
         width, height, _ = decode_png((tmp_path / name).read_bytes())
@@ -133,7 +133,7 @@ def test_without_matplotlib_the_reports_keep_their_tables_and_say_why(tmp_path: 
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # `import matplotlib` raises ImportError
     assert plots.matplotlib_missing() == plots.MISSING
     report = two_node_report()
-    sitecheck.write_reports(tmp_path, report)
+    sitecheck_report.write_reports(tmp_path, report)
     assert report["plots"] == [] and report["plots_note"] == plots.MISSING
     assert sorted(os.listdir(tmp_path)) == ["report.html", "report.json", "report.md"]
     md = (tmp_path / "report.md").read_text()

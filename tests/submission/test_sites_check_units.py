@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvod.jobs import plots, scaling, sitecheck
+from hpcvod.jobs import plots, scaling, sitecheck, sitecheck_interconnect, sitecheck_model, sitecheck_report
 from hpcvod.schedulers import profile_options
 from hpcvod.sites import UserError, load_site
 from hpcvod.sites.profile import Interconnect
@@ -107,7 +107,7 @@ def statuses(checks) -> dict[str, str]:
 
 
 def test_one_world_passes_and_one_rank_worlds_fail_with_the_reason(sandbox) -> None:
-    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=2)
     good = [record(r, "n1" if r < 2 else "n2") for r in range(4)]
     assert set(statuses(sitecheck._world_checks(sandbox, request, good)).values()) == {"pass"}
     singles = [record(r, "n1" if r < 2 else "n2", size=1, rank=0, local_rank=0, local_size=1, cross_rank=0,
@@ -120,7 +120,7 @@ def test_one_world_passes_and_one_rank_worlds_fail_with_the_reason(sandbox) -> N
 
 
 def test_flavour_and_thread_level_and_environment_judged(sandbox) -> None:
-    request = sitecheck.Request(nodes=2, tasks_per_node=2, frameworks=("nosuch",))
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=2, frameworks=("nosuch",))
     other = [record(r, "n1" if r < 2 else "n2", mpi_flavour="openmpi", thread_level="serialized") for r in range(4)]
     got = statuses(sitecheck._world_checks(sandbox, request, other))
     assert got["world.mpi_flavour"] == "fail" and got["world.thread_level"] == "warn"
@@ -144,14 +144,14 @@ def test_comparison_with_the_previous_report_warns_on_a_link_20_percent_slower()
     figures = sitecheck.link_figures(LINKS)
     assert figures == {"intra_node.latency_us": 10.0, "intra_node.gbps": 5.0, "inter_node.latency_us": 50.0,
                        "inter_node.gbps": 2.0, "allreduce.bus_gbps": 1.0}
-    assert sitecheck.compare(figures, None)[0].status == "skip"
-    same = sitecheck.compare(figures, {"figures": dict(figures)})[0]
+    assert sitecheck_report.compare(figures, None)[0].status == "skip"
+    same = sitecheck_report.compare(figures, {"figures": dict(figures)})[0]
     assert same.status == "pass"
     slower = {**figures, "inter_node.gbps": 2.6, "intra_node.latency_us": 8.0}   # now 23% / 25% worse
-    check = sitecheck.compare(figures, {"figures": slower, "finished": "yesterday"})[0]
+    check = sitecheck_report.compare(figures, {"figures": slower, "finished": "yesterday"})[0]
     assert check.status == "warn"
     assert "inter_node.gbps 2.60 -> 2.00" in check.evidence and "intra_node.latency_us" in check.evidence
-    assert sitecheck.compare(figures, {"figures": {**figures, "inter_node.gbps": 2.4}})[0].status == "pass"  # 17%
+    assert sitecheck_report.compare(figures, {"figures": {**figures, "inter_node.gbps": 2.4}})[0].status == "pass"  # 17%
 
 
 def test_previous_report_is_the_newest_of_the_same_site(tmp_path: Path) -> None:
@@ -160,8 +160,8 @@ def test_previous_report_is_the_newest_of_the_same_site(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         (tmp_path / name / "report.json").write_text(json.dumps({"site": site, "finished": finished,
                                                                   "figures": {"x": 1}}))
-    assert sitecheck.previous_report(tmp_path, "s", exclude=tmp_path / "d")["finished"] == "2026-02-01"
-    assert sitecheck.previous_report(tmp_path, "u", exclude=tmp_path / "d") is None
+    assert sitecheck_report.previous_report(tmp_path, "s", exclude=tmp_path / "d")["finished"] == "2026-02-01"
+    assert sitecheck_report.previous_report(tmp_path, "u", exclude=tmp_path / "d") is None
 
 
 def test_declared_link_speed_is_compared(sandbox) -> None:
@@ -177,16 +177,16 @@ def test_declared_link_speed_is_compared(sandbox) -> None:
 
 
 def test_report_renders_as_table_and_markdown() -> None:
-    checks = [sitecheck.Check("world.size", "pass", "one world of 4"),
-              sitecheck.Check("env.setup", "fail", "no rank started\nline 28: x | y")]
-    table = sitecheck.render_table(checks).splitlines()
+    checks = [sitecheck_model.Check("world.size", "pass", "one world of 4"),
+              sitecheck_model.Check("env.setup", "fail", "no rank started\nline 28: x | y")]
+    table = sitecheck_report.render_table(checks).splitlines()
     assert table[0].split() == ["CHECK", "STATUS", "EVIDENCE"]
     assert table[2].split()[:3] == ["env.setup", "FAIL", "no"] and table[3].strip() == "line 28: x | y"
-    assert sitecheck.exit_status(checks) == 1 and sitecheck.exit_status(checks[:1]) == 0
+    assert sitecheck_report.exit_status(checks) == 1 and sitecheck_report.exit_status(checks[:1]) == 0
     report = {"site": "s", "job_id": "7", "state": "COMPLETED", "finished": "now", "exit_status": 1,
               "request": {"nodes": 2, "tasks_per_node": 2}, "checks": [c.__dict__ for c in checks],
               "links": LINKS, "plots": ["bandwidth.png", "latency.png"]}
-    md = sitecheck.render_markdown(report)
+    md = sitecheck_report.render_markdown(report)
     assert "| env.setup | FAIL | no rank started line 28: x / y |" in md
     assert "| 64 KiB | 1.000 |" in md and "**FAIL**" in md
     assert "![bandwidth against message size](bandwidth.png)" in md
@@ -258,17 +258,17 @@ def test_local_site_check_passes_and_keeps_its_report(tmp_path: Path) -> None:
     ({}, None),
 ])
 def test_tcp_transport_is_read_from_the_settings(settings, tcp) -> None:
-    assert sitecheck.tcp_transport(settings) == tcp
+    assert sitecheck_interconnect.tcp_transport(settings) == tcp
 
 
 def test_a_profile_saying_infiniband_with_mpi_on_tcp_fails(sandbox) -> None:
     ranks = [record(r, "n1" if r < 2 else "n2", transport={"settings": {"FI_PROVIDER": "tcp"}, "device": "ch4:ofi"})
              for r in range(4)]
-    request = sitecheck.Request(nodes=2, tasks_per_node=2)
-    assert statuses(sitecheck._interconnect_checks(sandbox, request, ranks)) == {
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=2)
+    assert statuses(sitecheck_interconnect.interconnect_checks(sandbox, request, ranks)) == {
         "interconnect.mpi_transport": "pass", "interconnect.nccl": "skip", "interconnect.interfaces": "skip"}
     ib = infiniband(sandbox)
-    check = sitecheck._interconnect_checks(ib, request, ranks)[0]
+    check = sitecheck_interconnect.interconnect_checks(ib, request, ranks)[0]
     assert check.status == "fail" and "says infiniband but FI_PROVIDER=tcp" in check.evidence
     assert "source: the MPI's settings; it printed no line" in check.evidence
 
@@ -293,11 +293,11 @@ BTL_SM = "mca: bml: Using sm btl for send to [[6397,1],1] on node n1"
                                        ("tcp/eth0", "tcp"), ("sysv/memory", "shared memory"), ("sm", "shared memory"),
                                        ("uct", None), ("cuda_ipc/cuda", None)])
 def test_transport_names_classified(name, cls) -> None:
-    assert sitecheck.transport_class(name) == cls
+    assert sitecheck_interconnect.transport_class(name) == cls
 
 
 def test_the_mpis_own_report_decides_the_transport_and_is_quoted(sandbox) -> None:
-    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=2)
 
     def ranks(lines, settings=None):
         return [record(r, "n1" if r < 2 else "n2", transport={"settings": settings or {}, "device": None,
@@ -305,18 +305,18 @@ def test_the_mpis_own_report_decides_the_transport_and_is_quoted(sandbox) -> Non
                 for r in range(4)]
     ib = infiniband(sandbox)
     # no setting says TCP, but the MPI did: the fail quotes its line
-    check = sitecheck._interconnect_checks(ib, request, ranks([OFI_TCP]))[0]
+    check = sitecheck_interconnect.interconnect_checks(ib, request, ranks([OFI_TCP]))[0]
     assert check.status == "fail"
     assert f"says infiniband but the MPI reported TCP for traffic between nodes: '{OFI_TCP}'" in check.evidence
     assert "source: the MPI's own report" in check.evidence
     # Open MPI's btl to a rank on the other node is TCP: fail; to a rank on the same node (sm): not evidence
-    assert sitecheck._interconnect_checks(ib, request, ranks([BTL_SM, BTL_TCP]))[0].status == "fail"
-    assert sitecheck.mpi_reported(ranks([BTL_SM])) == []
+    assert sitecheck_interconnect.interconnect_checks(ib, request, ranks([BTL_SM, BTL_TCP]))[0].status == "fail"
+    assert sitecheck_interconnect.mpi_reported(ranks([BTL_SM])) == []
     # a setting that says TCP loses against the MPI's own report of RDMA
-    good = sitecheck._interconnect_checks(ib, request, ranks([UCX_INTRA, UCX_IB], {"FI_PROVIDER": "tcp"}))[0]
+    good = sitecheck_interconnect.interconnect_checks(ib, request, ranks([UCX_INTRA, UCX_IB], {"FI_PROVIDER": "tcp"}))[0]
     assert good.status == "pass" and "between nodes: rdma" in good.evidence and "rc_mlx5" in good.evidence
     # ethernet profile: TCP reported is what it promised
-    assert sitecheck._interconnect_checks(sandbox, request, ranks([OFI_TCP]))[0].status == "pass"
+    assert sitecheck_interconnect.interconnect_checks(sandbox, request, ranks([OFI_TCP]))[0].status == "pass"
 
 
 @pytest.mark.parametrize("variable, value, missing", [
@@ -333,33 +333,33 @@ def test_the_mpis_own_report_decides_the_transport_and_is_quoted(sandbox) -> Non
     ("UCX_NET_DEVICES", "all", []),
 ])
 def test_missing_interfaces(variable, value, missing) -> None:
-    assert sitecheck.missing_interfaces(variable, value, {"net": ["eth0", "lo"], "ib": []}) == missing
+    assert sitecheck_interconnect.missing_interfaces(variable, value, {"net": ["eth0", "lo"], "ib": []}) == missing
 
 
 def test_a_socket_ifname_missing_on_a_node_fails_naming_it_and_the_node(sandbox) -> None:
     def ranks(n2_nets):
         return [record(r, "n1" if r < 2 else "n2", interface_settings={"NCCL_SOCKET_IFNAME": "ib0"},
                        interfaces={"net": ["eth0", "ib0", "lo"] if r < 2 else n2_nets, "ib": []}) for r in range(4)]
-    check = sitecheck._interfaces_check(sandbox, ranks(["eth0", "lo"]))
+    check = sitecheck_interconnect.interfaces_check(sandbox, ranks(["eth0", "lo"]))
     assert check.status == "fail"
     assert check.evidence == ("NCCL_SOCKET_IFNAME=ib0 (interconnect.socket_ifname): no ib0 on n2 (n2 has "
                               "interfaces: eth0, lo)")
-    ok = sitecheck._interfaces_check(sandbox, ranks(["eth0", "ib0"]))
+    ok = sitecheck_interconnect.interfaces_check(sandbox, ranks(["eth0", "ib0"]))
     assert ok.status == "pass" and "present on n1, n2" in ok.evidence
 
 
 def test_ranks_that_left_no_interfaces_record_are_named_not_counted_as_checked(sandbox) -> None:
     # a launcher that kills the step once one rank aborts in MPI_Init can end a slower rank before it looks
     only_n1 = [record(0, "n1", interface_settings={"FI_TCP_IFACE": "ib0"}, interfaces={"net": ["eth0"], "ib": []})]
-    check = sitecheck._interfaces_check(sandbox, only_n1, [1])
+    check = sitecheck_interconnect.interfaces_check(sandbox, only_n1, [1])
     assert check.status == "fail"
     assert check.evidence == ("FI_TCP_IFACE=ib0: no ib0 on n1 (n1 has interfaces: eth0); rank 1 ended before "
                               "recording its interfaces")
     present = [record(0, "n1", interface_settings={"FI_TCP_IFACE": "eth0"}, interfaces={"net": ["eth0"], "ib": []})]
-    check = sitecheck._interfaces_check(sandbox, present, [1, 3])
+    check = sitecheck_interconnect.interfaces_check(sandbox, present, [1, 3])
     assert check.status == "pass"
     assert check.evidence == "FI_TCP_IFACE=eth0: present on n1; ranks 1, 3 ended before recording their interfaces"
-    nobody = sitecheck._interfaces_check(sandbox, [], [0, 1])
+    nobody = sitecheck_interconnect.interfaces_check(sandbox, [], [0, 1])
     assert nobody.status == "skip" and nobody.evidence == "no rank got as far as recording its interfaces"
 
 
@@ -565,7 +565,7 @@ def test_the_rank_whose_mpi_said_why_is_the_evidence_not_one_killed_silently(tmp
         (tmp_path / "sitecheck" / f"{rank}.json").write_text(json.dumps({**record(rank, "n1"), ENDED_IN_MPI: True}))
     (tmp_path / "sitecheck" / "0.mpi.log").write_text("")
     (tmp_path / "sitecheck" / "1.mpi.log").write_text("Abort(1): Fatal error\nOFI call ep_enable failed\n")
-    request = sitecheck.Request(nodes=2, tasks_per_node=2)
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=2)
     records, _ = sitecheck.read_records(tmp_path, 4, tmp_path / "output.log")
     checks = sitecheck._world_checks(sandbox, request, records)
     assert checks[0].evidence == ("hvd.init() failed: rank 1 on n1 ended inside the MPI without a Python error; "
@@ -597,7 +597,7 @@ def test_nccl_network_read_from_its_info_lines(lines, network) -> None:
 
     kept = reported_lines("\n".join(["NCCL INFO cudaDriverVersion 12030", *lines, "unrelated"]), NCCL_PATTERNS)
     assert kept == [line[line.index("NCCL INFO"):] for line in lines]
-    assert sitecheck.nccl_network(kept)[0] == network
+    assert sitecheck_interconnect.nccl_network(kept)[0] == network
 
 
 def gpu_ranks(nccl_lines, backend="nccl", device_buffers=True, why=""):
@@ -607,10 +607,10 @@ def gpu_ranks(nccl_lines, backend="nccl", device_buffers=True, why=""):
 
 
 def test_nccl_network_is_judged_against_the_profiles_interconnect(sandbox) -> None:
-    gpus = sitecheck.Request(nodes=2, tasks_per_node=2, gpus_per_node=2)
+    gpus = sitecheck_model.Request(nodes=2, tasks_per_node=2, gpus_per_node=2)
 
     def nccl(site, ranks, request=gpus):
-        checks = sitecheck._interconnect_checks(site, request, ranks)
+        checks = sitecheck_interconnect.interconnect_checks(site, request, ranks)
         return next(c for c in checks if c.name == "interconnect.nccl")
     ib, roce = infiniband(sandbox), dataclasses_replace_kind(sandbox, "roce")
     assert nccl(ib, gpu_ranks(NCCL_IB)).status == "pass"
@@ -625,9 +625,9 @@ def test_nccl_network_is_judged_against_the_profiles_interconnect(sandbox) -> No
     assert staged.status == "warn" and "share GPU" in staged.evidence
     no_gpu = nccl(ib, gpu_ranks([], device_buffers=False, why="rank 2: CuPy sees no GPU"))
     assert no_gpu.status == "fail" and "rank 2: CuPy sees no GPU" in no_gpu.evidence
-    one_node = nccl(ib, gpu_ranks(NCCL_SOCKET), sitecheck.Request(nodes=1, tasks_per_node=2, gpus_per_node=2))
+    one_node = nccl(ib, gpu_ranks(NCCL_SOCKET), sitecheck_model.Request(nodes=1, tasks_per_node=2, gpus_per_node=2))
     assert one_node.status == "pass" and "one node" in one_node.evidence
-    assert nccl(ib, gpu_ranks(NCCL_IB), sitecheck.Request(nodes=2, tasks_per_node=2)).status == "skip"
+    assert nccl(ib, gpu_ranks(NCCL_IB), sitecheck_model.Request(nodes=2, tasks_per_node=2)).status == "skip"
 
 
 def dataclasses_replace_kind(site, kind):
@@ -646,7 +646,7 @@ def test_device_allreduce_is_a_check_a_table_and_a_line_of_the_plot() -> None:
     checks = {c.name: c for c in sitecheck._link_checks(load_site("slurm-sandbox", schedulers=profile_options()),
                                                         links, None)}
     assert checks["links.allreduce_device"].status == "pass" and "270.00 Gbit/s" in checks["links.allreduce_device"].evidence
-    assert "device buffers:" in sitecheck.render_links(links)
+    assert "device buffers:" in sitecheck_report.render_links(links)
     assert [line.label for line in plots.link_lines({"links": links})] == ["allreduce, host buffers, 4 ranks",
                                                                            "allreduce, device buffers, 4 ranks"]
 
@@ -681,6 +681,6 @@ def test_device_buffers_measured_through_the_device_path_on_the_cpu_stand_in(tmp
     assert all(p["bus_gbps"] > 0 for p in links["allreduce_device"])
     checks = {c.name: c for c in sitecheck._link_checks(sandbox, links, None)}
     assert checks["links.allreduce_device"].status == "pass"
-    request = sitecheck.Request(nodes=2, tasks_per_node=1, gpus_per_node=1)
-    nccl = next(c for c in sitecheck._interconnect_checks(sandbox, request, records) if c.name == "interconnect.nccl")
+    request = sitecheck_model.Request(nodes=2, tasks_per_node=1, gpus_per_node=1)
+    nccl = next(c for c in sitecheck_interconnect.interconnect_checks(sandbox, request, records) if c.name == "interconnect.nccl")
     assert nccl.status == "warn" and "printed no 'Using network' line" in nccl.evidence
