@@ -30,3 +30,12 @@ def cli(tmp_path, monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def sandbox():
+    """The slurm-sandbox site profile, loaded (the sites-check unit tests judge records against it)."""
+    from hpcvod.schedulers import profile_options
+    from hpcvod.sites import load_site
+
+    return load_site("slurm-sandbox", schedulers=profile_options())
