@@ -27,7 +27,7 @@ make_venv() {  # make_venv DIR PIP-ARGS...
   echo "$STAMP" > "$dir/.hpcvod-stamp"
 }
 
-# numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (FACTS.md)
+# numpy 1.26.4: the one numpy that TF 2.21 (>=1.26) and MXNet 1.9.1 (<2) both accept (docs/measured.md)
 # torch 2.13.0 (a CPU build on this machine) and CuPy 13.6: the versions the tests were measured with; users' installs
 # take ranges (pyproject.toml). The MPI flavour venvs run the runtime under NumPy 2 (no framework holds them back).
 FRAMEWORKS=(-e ".[mpich,torch,tensorflow,mxnet,submitit,gpu,spark,plots,test]" "numpy==1.26.4" "torch==2.13.0" "cupy-cuda12x==13.6.*")
