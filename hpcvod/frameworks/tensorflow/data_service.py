@@ -11,7 +11,10 @@ batches from them. The two jobs meet in a config file on a shared path and a fol
   ``CONFIG.d/stopped.<i>.<rank>`` (a worker whose dispatcher is gone cannot stop while a task still asks it for
   splits: TensorFlow retries for about a minute);
   ``CONFIG.d/heartbeat``: touched every second by the compute job's rank 0 while it lives;
-  ``CONFIG.d/shutdown``: the training side is done (``config.shutdown()``), the compute job stops cleanly.
+  ``CONFIG.d/shutdown``: the training side is done (``config.shutdown()``), the compute job stops cleanly;
+  ``CONFIG.d/finished``: every compute rank has stopped its servers (what ``compute_client().shutdown()`` waits for).
+
+``config.compute_client()`` is Horovod's ``ComputeClient`` (register/wait/shutdown) over that folder.
 
 TensorFlow's own clients wait for ever on a dispatcher that died (docs/measured.md): a training process that uses the
 service watches the heartbeat and ends its job with a clear line when the compute job is gone for ``timeout`` s.
@@ -54,7 +57,7 @@ def _address(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value)
+    text = json.dumps(value, default=repr)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -73,6 +76,10 @@ _REQUIRED_KEYS = ("dispatchers", "workers_per_dispatcher", "dispatcher_side", "r
 
 class DataServiceError(RuntimeError):
     """The data service cannot be used: a config that never appeared, a compute job that is gone."""
+
+
+class ComputeSizeError(ValueError):
+    """The compute job's size does not fit its dispatchers (Horovod raises ValueError for it)."""
 
 
 def host_address() -> str:
@@ -164,27 +171,27 @@ class TfDataServiceConfig:
         return Path(self.rendezvous)
 
     def shutdown(self) -> None:
-        """Tells the compute job that training is done (it stops its servers and exits 0)."""
+        """Tells the compute job that training is done (it stops its servers and exits 0); returns at once
+        (``compute_client().shutdown()`` also waits until the compute job has stopped)."""
         _write_atomically(self.folder / "shutdown", "done\n")
+
+    def compute_client(self, verbose: int = 1) -> "ComputeClient":
+        """Horovod's client of the compute job: register/wait for dispatchers and workers, shut the job down."""
+        return ComputeClient(self, verbose)
 
     def dispatcher_address(self, index: int) -> str:
         """Dispatcher ``index``'s address, waiting for a training-side dispatcher to register it."""
-        if self.dispatcher_side == "compute":
-            return self.addresses[index]
-        path = self.folder / f"dispatcher.{index}"
-        _wait_for(path, self.timeout, f"training-side dispatcher {index}")
-        return path.read_text().strip()
+        return self.compute_client().wait_for_dispatcher_registration(index, self.timeout)
 
     def wait_for_workers(self, index: int) -> None:
         """Until every compute worker of dispatcher ``index`` has registered."""
-        if not self.every_worker_marked("worker", index):
-            raise DataServiceError(f"the workers of dispatcher {index} did not register in {self.folder} within "
-                                   f"{self.timeout} s (is the compute job running?)")
+        self.compute_client().wait_for_dispatcher_worker_registration(index, self.timeout)
 
-    def every_worker_marked(self, mark: str, index: int, give_up: Callable[[], bool] = lambda: False) -> bool:
+    def every_worker_marked(self, mark: str, index: int, give_up: Callable[[], bool] = lambda: False,
+                            timeout: float | None = None) -> bool:
         """Whether every compute worker of dispatcher ``index`` left ``CONFIG.d/<mark>.<index>.<rank>`` within
-        ``timeout`` s (False once that passed, or ``give_up()`` says so)."""
-        deadline = time.monotonic() + self.timeout
+        ``timeout`` s (default the config's; False once that passed, or ``give_up()`` says so)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while len(list(self.folder.glob(f"{mark}.{index}.*"))) < self.workers_per_dispatcher:
             if time.monotonic() > deadline or give_up():
                 return False
@@ -197,6 +204,64 @@ class TfDataServiceConfig:
             return time.time() - beat.stat().st_mtime < self.timeout
         except OSError:
             return False
+
+
+class ComputeClient:
+    """Horovod's ``ComputeClient`` (``config.compute_client(verbose)``): the compute job's registrations and its
+    shutdown, through the config's rendezvous folder. Every wait is bounded by its timeout (DataServiceError, one
+    line); ``verbose`` is accepted for Horovod's signature (this client logs nothing)."""
+
+    def __init__(self, config: TfDataServiceConfig, verbose: int = 1) -> None:
+        self.config = config
+        self.verbose = verbose
+
+    def _index(self, dispatcher_id: int) -> int:
+        if not _whole(0, self.config.dispatchers - 1)(dispatcher_id):
+            raise ValueError(f"dispatcher_id: expected 0 to {self.config.dispatchers - 1} (the config has "
+                             f"{self.config.dispatchers} dispatcher(s)), got {_shown(dispatcher_id)}")
+        return dispatcher_id
+
+    def register_dispatcher(self, dispatcher_id: int, dispatcher_address: str) -> None:
+        """A training-side dispatcher's address, for the compute workers and the other training ranks."""
+        _write_atomically(self.config.folder / f"dispatcher.{self._index(dispatcher_id)}", f"{dispatcher_address}\n")
+
+    def wait_for_dispatcher_registration(self, dispatcher_id: int, timeout: float) -> str:
+        """Dispatcher ``dispatcher_id``'s address (a training-side one: once registered, ``timeout`` s at most)."""
+        index = self._index(dispatcher_id)
+        if self.config.dispatcher_side == "compute":
+            return self.config.addresses[index]
+        path = self.config.folder / f"dispatcher.{index}"
+        _wait_for(path, timeout, f"training-side dispatcher {index}")
+        return path.read_text().strip()
+
+    def register_worker_for_dispatcher(self, dispatcher_id: int, worker_id: int) -> None:
+        (self.config.folder / f"worker.{self._index(dispatcher_id)}.{int(worker_id)}").touch()
+
+    def wait_for_dispatcher_worker_registration(self, dispatcher_id: int, timeout: float) -> None:
+        """Until every compute worker of the dispatcher has registered (``timeout`` s at most)."""
+        index = self._index(dispatcher_id)
+        if not self.config.every_worker_marked("worker", index, timeout=timeout):
+            raise DataServiceError(f"the workers of dispatcher {index} did not register in {self.config.folder} "
+                                   f"within {timeout:g} s (is the compute job running?)")
+
+    def shutdown(self) -> None:
+        """Stops the compute job and waits until every compute rank has stopped its servers (the job then exits
+        0); DataServiceError when the job is gone (no heartbeat for the config's timeout) or does not stop within
+        it."""
+        config = self.config
+        if not config.compute_job_alive():
+            raise DataServiceError(f"cannot shut down the tf.data service compute job: it is gone (no heartbeat in "
+                                   f"{config.folder} for {config.timeout} s)")
+        config.shutdown()
+        try:
+            _wait_for(config.folder / "finished", config.timeout, "the compute job's confirmation that it stopped")
+        except DataServiceError as exc:
+            raise DataServiceError(f"the tf.data service compute job did not stop after shutdown: {exc}") from None
+
+    def wait_for_shutdown(self) -> None:
+        """Until the training side has asked the compute job to stop (as Horovod's: no timeout)."""
+        while not (self.config.folder / "shutdown").exists():
+            time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------------- training side
@@ -247,7 +312,7 @@ def tf_data_service(config: TfDataServiceConfig, rank: int) -> Iterator[str]:
         server = tf.data.experimental.service.DispatchServer(
             tf.data.experimental.service.DispatcherConfig(port=0))
         port = server.target.rsplit(":", 1)[1]
-        _write_atomically(config.folder / f"dispatcher.{index}", f"grpc://{host_address()}:{port}\n")
+        config.compute_client().register_dispatcher(index, f"grpc://{host_address()}:{port}")
     address = config.dispatcher_address(index)
     config.wait_for_workers(index)
     _watch_compute_job(config)
@@ -344,7 +409,7 @@ def serve(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int
     worker = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
         dispatcher_address=target, worker_address=f"{ip}:%port%", heartbeat_interval_ms=1000,
         dispatcher_timeout_ms=timeout * 1000))
-    (folder / f"worker.{index}.{rank}").touch()
+    config.compute_client().register_worker_for_dispatcher(index, rank)
     group.barrier()                              # every server listens: the config may go out
     if rank == 0 and dispatcher_side == "compute":
         config.write(str(path))
@@ -369,20 +434,32 @@ def serve(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int
     if dispatcher is not None:
         dispatcher.stop()
     group.barrier()
+    if rank == 0:
+        (folder / "finished").touch()            # every rank's servers are down: compute_client().shutdown() returns
+
+
+def serve_mpi_rank(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int) -> None:
+    """This MPI rank's part of the compute job (hpcvod.runtime started here if not yet); returns once the training
+    side has called ``shutdown()``. ComputeSizeError when the size does not fit the dispatchers."""
+    import hpcvod.runtime as rt
+    rt.init()
+    problem = split_error(rt.size(), dispatchers)
+    if problem:
+        raise ComputeSizeError(problem)
+    group = ComputeGroup(rank=rt.rank(), size=rt.size(), barrier=rt.barrier, allgather=rt.allgather_object)
+    serve(config_path, dispatchers, dispatcher_side, timeout, group)
 
 
 def compute_worker(config_path: str, dispatchers: int, dispatcher_side: str, timeout: int) -> int:
     """Runs on every rank of an MPI compute job; returns once the training side has called ``shutdown()`` (0), or
     2 when the size does not fit the dispatchers."""
-    import hpcvod.runtime as rt
-    rt.init()
-    problem = split_error(rt.size(), dispatchers)
-    if problem:
+    try:
+        serve_mpi_rank(config_path, dispatchers, dispatcher_side, timeout)
+    except ComputeSizeError as exc:
+        import hpcvod.runtime as rt
         if rt.rank() == 0:
-            print(f"hpcvod compute_worker: {problem}", file=sys.stderr, flush=True)
+            print(f"hpcvod compute_worker: {exc}", file=sys.stderr, flush=True)
         return 2
-    group = ComputeGroup(rank=rt.rank(), size=rt.size(), barrier=rt.barrier, allgather=rt.allgather_object)
-    serve(config_path, dispatchers, dispatcher_side, timeout, group)
     return 0
 
 
@@ -403,7 +480,31 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(dispatchers: int | list[str] | None = None, dispatcher_side: str = "compute",
+         configfile: str | os.PathLike[str] | None = None, timeout: int = 60) -> int:
+    """The compute job's entry point, two ways:
+
+    * ``main(argv)`` / ``main()``: the command line (``python -m hpcvod.tensorflow.data.compute_worker``), exit
+      status returned, errors as one line;
+    * ``main(dispatchers, dispatcher_side, configfile, timeout)``: Horovod's signature, e.g. in a thread of a
+      training process; returns 0 once ``config.compute_client().shutdown()`` was called; raises ValueError on a
+      bad argument or a size that does not fit, DataServiceError when the other side never comes."""
+    if configfile is None and (dispatchers is None or isinstance(dispatchers, (list, tuple))):
+        return command_line(None if dispatchers is None else list(dispatchers))
+    given = {"dispatchers": dispatchers, "dispatcher_side": dispatcher_side, "timeout": timeout}
+    for key, value in given.items():
+        check, expected = _CONFIG_KEYS[key]
+        if not check(value):
+            raise ValueError(f"compute_worker.main: {key}: expected {expected}, got {_shown(value)}")
+    if not isinstance(configfile, (str, os.PathLike)) or not str(configfile):
+        raise ValueError(f"compute_worker.main: configfile: expected the path to write the config to, got "
+                         f"{_shown(configfile)}")
+    serve_mpi_rank(os.fspath(configfile), dispatchers, dispatcher_side, timeout)   # type: ignore[arg-type]
+    return 0
+
+
+def command_line(argv: list[str] | None = None) -> int:
+    """``python -m hpcvod.tensorflow.data.compute_worker [options] CONFIG.json``: its exit status."""
     args = parse_args(parser("python -m hpcvod.tensorflow.data.compute_worker",
                              "Run the tf.data service compute job on every rank (docs/frameworks.md)."), argv)
     try:
