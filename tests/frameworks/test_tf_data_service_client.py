@@ -38,14 +38,16 @@ def test_the_examples_last_line_shuts_the_compute_job_down(tmp_path: Path) -> No
 
 @pytest.mark.timeout(300)
 def test_compute_worker_main_in_a_thread_returns_after_the_clients_shutdown(tmp_path: Path) -> None:
-    # A child process, not pytest's own: main() starts hpcvod's runtime (MPI) in the process it runs in, and that
-    # would stay for every later test of this pytest process.
+    # Two training ranks, each with a compute rank in a thread, as in Horovod's test_compute_worker.py; a child job,
+    # not pytest's own process: main() uses hpcvod's runtime (MPI), which would stay for every later test here.
     require_framework("tensorflow")
-    done = subprocess.run([sys.executable, str(CLIENT), "thread", str(tmp_path / "service.json")], env=rank_env(),
+    config = tmp_path / "service.json"
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(CLIENT), "thread", str(config)], env=rank_env(),
                           cwd=str(ROOT), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "shut down" in done.stdout, done.stdout[-2000:]
-    assert "compute thread alive=False returned=[0]" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.count("shut down") == 1, done.stdout[-2000:]
+    assert done.stdout.count("compute thread alive=False returned=[0]") == 2, (done.stdout[-2000:] +
+                                                                               done.stderr[-3000:])
 
 
 @pytest.mark.timeout(300)
