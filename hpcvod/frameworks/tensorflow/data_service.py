@@ -488,7 +488,8 @@ def main(dispatchers: int | list[str] | None = None, dispatcher_side: str = "com
       status returned, errors as one line;
     * ``main(dispatchers, dispatcher_side, configfile, timeout)``: Horovod's signature, e.g. in a thread of a
       training process; returns 0 once ``config.compute_client().shutdown()`` was called; raises ValueError on a
-      bad argument or a size that does not fit, DataServiceError when the other side never comes."""
+      bad argument or a size that does not fit, DataServiceError when the other side never comes or when called
+      in a thread before ``hvd.init()``."""
     if configfile is None and (dispatchers is None or isinstance(dispatchers, (list, tuple))):
         return command_line(None if dispatchers is None else list(dispatchers))
     given = {"dispatchers": dispatchers, "dispatcher_side": dispatcher_side, "timeout": timeout}
@@ -499,6 +500,11 @@ def main(dispatchers: int | list[str] | None = None, dispatcher_side: str = "com
     if not isinstance(configfile, (str, os.PathLike)) or not str(configfile):
         raise ValueError(f"compute_worker.main: configfile: expected the path to write the config to, got "
                          f"{_shown(configfile)}")
+    import hpcvod.runtime as rt
+    if threading.current_thread() is not threading.main_thread() and not rt.is_initialized():
+        # the training's own hvd.init() would start MPI at the same time as this thread: MPI fails, or hangs
+        raise DataServiceError("compute_worker.main in a thread: call hvd.init() in the main thread before starting "
+                               "the thread (hpcvod's runtime is started once, by one thread)")
     serve_mpi_rank(os.fspath(configfile), dispatchers, dispatcher_side, timeout)   # type: ignore[arg-type]
     return 0
 
