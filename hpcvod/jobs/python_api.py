@@ -56,7 +56,7 @@ RESULT_GRACE_SECONDS = 15  # a shared file system may show the result pickle a l
 class HpcvodJob(core.Job):
     """A submitted hpcvod job seen through submitit's Job interface; its task 0 is rank 0."""
 
-    def __init__(self, folder: tp.Union[Path, str], job_id: str, tasks: tp.Sequence[int] = (0,),
+    def __init__(self, folder: Path | str, job_id: str, tasks: tp.Sequence[int] = (0,),
                  ref: JobRef | None = None) -> None:
         if ref is None:
             raise ValueError("HpcvodJob needs the hpcvod job it stands for (ref=JobRef)")
@@ -121,21 +121,21 @@ class HpcvodJob(core.Job):
         """Rank 0's return value."""
         return self.results()[0]
 
-    def exception(self) -> tp.Optional[tp.Union[utils.UncompletedJobError, utils.FailedJobError]]:
+    def exception(self) -> utils.UncompletedJobError | utils.FailedJobError | None:
         try:
             self.results()
         except (utils.UncompletedJobError, utils.FailedJobError) as err:
             return err
         return None
 
-    def stdout(self) -> tp.Optional[str]:
+    def stdout(self) -> str | None:
         try:
             with open_job_file(self.job_dir / OUTPUT_FILE, "job output") as f:
                 return f.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             return None
 
-    def stderr(self) -> tp.Optional[str]:
+    def stderr(self) -> str | None:
         return None  # stderr is merged into output.log (see stdout())
 
     def __repr__(self) -> str:
@@ -161,7 +161,7 @@ class HpcvodExecutor(core.PicklingExecutor):
 
     job_class = HpcvodJob
 
-    def __init__(self, folder: tp.Union[Path, str] = "hpcvod-jobs", site: tp.Union[str, Site, None] = None,
+    def __init__(self, folder: Path | str = "hpcvod-jobs", site: str | Site | None = None,
                  **parameters: tp.Any) -> None:
         super().__init__(folder, max_num_timeout=0)
         self.host = detect_host()
@@ -240,12 +240,12 @@ class HpcvodExecutor(core.PicklingExecutor):
         raise NotImplementedError("hpcvod submits through its scheduler modules (see _submit_command)")
 
     @staticmethod
-    def _get_job_id_from_submission_command(string: tp.Union[bytes, str]) -> str:
+    def _get_job_id_from_submission_command(string: bytes | str) -> str:
         raise NotImplementedError("hpcvod submits through its scheduler modules (see _submit_command)")
 
 
-def submit(fn: tp.Callable[..., tp.Any], *args: tp.Any, site: tp.Union[str, Site, None] = None,
-           folder: tp.Union[str, Path] = "hpcvod-jobs", kwargs: tp.Optional[dict[str, tp.Any]] = None,
+def submit(fn: tp.Callable[..., tp.Any], *args: tp.Any, site: str | Site | None = None,
+           folder: str | Path = "hpcvod-jobs", kwargs: dict[str, tp.Any] | None = None,
            **parameters: tp.Any) -> HpcvodJob:
     """Submit ``fn(*args, **kwargs)`` to run on every rank; ``job.result()`` is rank 0's return value.
     ``parameters`` are hpcvod submit's resources (nodes=, gpus_per_node=, tasks_per_node=, time=, ...)."""
@@ -253,8 +253,8 @@ def submit(fn: tp.Callable[..., tp.Any], *args: tp.Any, site: tp.Union[str, Site
     return tp.cast(HpcvodJob, executor.submit(fn, *args, **(kwargs or {})))
 
 
-def run(fn: tp.Callable[..., tp.Any], *args: tp.Any, site: tp.Union[str, Site, None] = None,
-        folder: tp.Union[str, Path] = "hpcvod-jobs", kwargs: tp.Optional[dict[str, tp.Any]] = None,
+def run(fn: tp.Callable[..., tp.Any], *args: tp.Any, site: str | Site | None = None,
+        folder: str | Path = "hpcvod-jobs", kwargs: dict[str, tp.Any] | None = None,
         **parameters: tp.Any) -> tp.Any:
     """``submit(...)`` and wait: rank 0's return value (or the first failing rank's exception)."""
     return submit(fn, *args, site=site, folder=folder, kwargs=kwargs, **parameters).result()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO
 
 from hpcvod.runtime.sitecheck import MIB
 from hpcvod.support.errors import UserError
@@ -107,9 +107,9 @@ class Link:
     beta: float
 
 
-def links_model(figures: dict[str, float]) -> tuple[Optional[Link], Optional[Link]]:
+def links_model(figures: dict[str, float]) -> tuple[Link | None, Link | None]:
     """(inside a node, between nodes) from the measured latency and peak bandwidth."""
-    def one(path: str) -> Optional[Link]:
+    def one(path: str) -> Link | None:
         if not figures.get(f"{path}.gbps"):
             return None
         return Link(figures[f"{path}.latency_us"] * 1e-6, figures[f"{path}.gbps"] * 1e9 / 8)
@@ -161,7 +161,7 @@ def projection(figures: dict[str, float], model_mib: list[float], per_node: int,
 
 
 def model_check(figures: dict[str, float], allreduce: list[dict[str, Any]], nodes: int,
-                per_node: int) -> Optional[dict[str, Any]]:
+                per_node: int) -> dict[str, Any] | None:
     """The model against a run's own allreduce measurements (``allreduce``: bytes and seconds per size, over
     ``nodes`` x ``per_node`` ranks): each size next to what both algorithms predict for it from the measured links
     (``figures``; error = model / measured - 1); the largest size's figures at the top."""
@@ -178,7 +178,7 @@ def model_check(figures: dict[str, float], allreduce: list[dict[str, Any]], node
     return {**points[-1], "ranks": nodes * per_node, "points": points}
 
 
-def render_model_check(check: Optional[dict[str, Any]]) -> str:
+def render_model_check(check: dict[str, Any] | None) -> str:
     if not check:
         return ""
     return (f"model against this run: allreduce of {check['bytes'] // 1024} KiB over {check['ranks']} ranks measured "

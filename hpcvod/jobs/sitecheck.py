@@ -13,7 +13,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from hpcvod.jobs.sitecheck_interconnect import interconnect_checks
 from hpcvod.jobs.sitecheck_model import FAIL, PASS, SKIP, WARN, Check, Request
@@ -39,7 +39,7 @@ KNOWN_FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax", "numpy", "cupy")
 
 
 
-def default_request(site: Site, nodes: Optional[int], gpus_per_node: Optional[int], partition: Optional[str],
+def default_request(site: Site, nodes: int | None, gpus_per_node: int | None, partition: str | None,
                     quick: bool, frameworks: tuple[str, ...], model_mib: tuple[float, ...] = (100.0,),
                     step_ms: float = 100.0) -> Request:
     """Two nodes (one where the partition has one) and two ranks a node (one per GPU where GPUs are asked for)."""
@@ -98,10 +98,10 @@ EMPTY_LOG = "(empty)"
 SAID_BY = "init_error_said_by"   # who told a rank's init_error: "python" (hvd.init() raised) or "mpi_log"
 
 
-def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Optional[dict]], str]:
+def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[dict | None], str]:
     """Each rank's record (None where a rank wrote none, or failed) and the end of the job's output, the first
     failing rank's last error line first."""
-    records: list[Optional[dict]] = []
+    records: list[dict | None] = []
     for rank in range(world_size):
         path = job_dir / RECORDS_DIR / f"{rank}.json"
         record = json.loads(path.read_text()) if path.exists() else None
@@ -120,7 +120,7 @@ def read_records(job_dir: Path, world_size: int, output: Path) -> tuple[list[Opt
     return [None if r is None or "error" in r else r for r in records], tail
 
 
-def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[Optional[dict]], str, str]:
+def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, list[dict | None], str, str]:
     """Submit the acceptance job and wait: (job folder, job id, each rank's record or None, final state, output
     tail)."""
     import io
@@ -151,7 +151,7 @@ def _run_job(site: Site, request: Request, folder: Path) -> tuple[Path, str, lis
     return ref.job_dir, ref.job_id, records, state, tail
 
 
-def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
+def _world_checks(site: Site, request: Request, records: list[dict | None]) -> list[Check]:
     got = [r for r in records if r is not None]
     # once one rank fails, the launcher ends the others wherever they are (srun: "Terminating StepId"): a rank
     # that ended inside the MPI may only have been killed. The evidence is a rank's own Python error first, then
@@ -212,7 +212,7 @@ def _world_checks(site: Site, request: Request, records: list[Optional[dict]]) -
     return checks
 
 
-def _environment_checks(site: Site, request: Request, records: list[Optional[dict]], state: str,
+def _environment_checks(site: Site, request: Request, records: list[dict | None], state: str,
                         tail: str) -> list[Check]:
     got = [r for r in records if r is not None]
     checks = []
@@ -279,7 +279,7 @@ def link_figures(links: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _link_checks(site: Site, links: Optional[dict[str, Any]], previous: Optional[dict[str, Any]]) -> list[Check]:
+def _link_checks(site: Site, links: dict[str, Any] | None, previous: dict[str, Any] | None) -> list[Check]:
     if not links:
         return [Check("links", SKIP, "not measured: the world has one rank (or never formed)")]
     figures = link_figures(links)
@@ -334,7 +334,7 @@ def run_check(site: Site, request: Request, root: Path) -> dict[str, Any]:
     return judge(site, request, root, job_dir, job_id, records, state, tail)
 
 
-def judge(site: Site, request: Request, root: Path, job_dir: Path, job_id: str, records: list[Optional[dict]],
+def judge(site: Site, request: Request, root: Path, job_dir: Path, job_id: str, records: list[dict | None],
           state: str, tail: str) -> dict[str, Any]:
     """The checks from the ranks' records, the projection and the plots; the reports written into the
     job folder (whatever ran the job: a scheduler, or a test running its script body as PBS would)."""

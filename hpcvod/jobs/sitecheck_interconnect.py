@@ -4,13 +4,13 @@ reports and the settings), and whether the network interfaces the profile names 
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Sequence
 
 from hpcvod.jobs.sitecheck_model import FAIL, PASS, SKIP, WARN, Check, Request
 from hpcvod.sites.loader import Site
 
 
-def tcp_transport(settings: dict[str, str]) -> Optional[str]:
+def tcp_transport(settings: dict[str, str]) -> str | None:
     """The setting that sends MPI's traffic over TCP sockets, if one does."""
     low = {k: v.lower() for k, v in settings.items()}
     for key in ("FI_PROVIDER", "I_MPI_OFI_PROVIDER"):
@@ -29,7 +29,7 @@ _SHM_NAMES = ("shm", "sm", "vader", "smcuda", "self", "sysv", "posix", "cma", "x
 _RDMA_PREFIXES = ("verbs", "mlx", "psm", "opx", "cxi", "efa", "rc", "ud", "dc", "ib", "openib", "gni", "bgq")
 
 
-def transport_class(name: str) -> Optional[str]:
+def transport_class(name: str) -> str | None:
     """tcp, rdma or shared memory for a libfabric provider ("verbs;ofi_rxm"), a UCX transport ("rc_mlx5/mlx5_0:1")
     or an Open MPI btl ("tcp"); None for names that say neither (Open MPI's uct or ofi btl, GPU copies)."""
     base = name.split(";")[0].split("/")[0].strip().lower()
@@ -40,11 +40,11 @@ def transport_class(name: str) -> Optional[str]:
     return RDMA if base.startswith(_RDMA_PREFIXES) else None
 
 
-def mpi_reported(records: list[dict]) -> list[tuple[Optional[str], str]]:
+def mpi_reported(records: list[dict]) -> list[tuple[str | None, str]]:
     """(transport class, the MPI's own line) for each line in which an MPI named what carries traffic between
     nodes: the libfabric provider (MPICH's OFI netmod, Intel MPI), UCX's inter-node configuration, Open MPI's btl
     for a peer on another node."""
-    found: dict[str, Optional[str]] = {}
+    found: dict[str, str | None] = {}
     for record in records:
         for line in record.get("transport", {}).get("reported", []):
             if "libfabric provider:" in line:
@@ -61,7 +61,7 @@ def mpi_reported(records: list[dict]) -> list[tuple[Optional[str], str]]:
     return list((cls, line) for line, cls in found.items())
 
 
-def interconnect_checks(site: Site, request: Request, records: list[Optional[dict]]) -> list[Check]:
+def interconnect_checks(site: Site, request: Request, records: list[dict | None]) -> list[Check]:
     unseen = [rank for rank, r in enumerate(records) if r is None or "interfaces" not in r]
     checks = [interfaces_check(site, [r for r in records if r is not None and "interfaces" in r], unseen)]
     got = [r for r in records if r is not None and "transport" in r]
@@ -98,7 +98,7 @@ def interconnect_checks(site: Site, request: Request, records: list[Optional[dic
     return checks
 
 
-def nccl_network(lines: list[str]) -> tuple[Optional[str], str]:
+def nccl_network(lines: list[str]) -> tuple[str | None, str]:
     """NCCL's network as its INFO lines say (``tcp`` for its sockets, ``infiniband`` / ``roce`` from the cards' link
     layer, ``rdma`` for an IB-class network or plugin whose link layer it did not print) and the line that says so;
     (None, "") when it said nothing."""

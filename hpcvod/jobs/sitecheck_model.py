@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
@@ -22,15 +21,15 @@ class Request:
     nodes: int
     tasks_per_node: int
     gpus_per_node: int = 0
-    partition: Optional[str] = None
+    partition: str | None = None
     quick: bool = False
     frameworks: tuple[str, ...] = ()
     model_mib: tuple[float, ...] = (100.0,)
     step_ms: float = 100.0
     max_nodes: int = 2
-    timeout: Optional[float] = None   # seconds from submission to the job's end; then it is cancelled
+    timeout: float | None = None   # seconds from submission to the job's end; then it is cancelled
     overlap: float = 0.0              # share of the allreduce hidden behind computation in the projection
-    model: Optional[str] = None       # --model: the torch file whose parameters gave a gradient size
+    model: str | None = None       # --model: the torch file whose parameters gave a gradient size
 
     @property
     def world_size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hpcvod.jobs.plots import BANDWIDTH, LATENCY, PROJECTION, TITLES, draw_site_plots, report_html
 from hpcvod.jobs.scaling import render_model_check, render_projection
@@ -15,7 +15,7 @@ REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
 SLOWER_WARN = 0.20           # a link more than 20% slower than last time is a warn
 
 
-def compare(figures: dict[str, float], previous: Optional[dict[str, Any]]) -> list[Check]:
+def compare(figures: dict[str, float], previous: dict[str, Any] | None) -> list[Check]:
     """Each link figure against the previous report of the same site: more than 20% worse is a warn."""
     if not previous:
         return [Check("links.vs_previous", SKIP, "no earlier report of this site")]
@@ -34,7 +34,7 @@ def compare(figures: dict[str, float], previous: Optional[dict[str, Any]]) -> li
                   ("; ".join(worse) if worse else "no link more than 20% slower") + f" (against the {where})")]
 
 
-def previous_report(root: Path, site_name: str, exclude: Path) -> Optional[dict[str, Any]]:
+def previous_report(root: Path, site_name: str, exclude: Path) -> dict[str, Any] | None:
     """The newest report.json of the same site under the jobs root, other than the current job's."""
     found = []
     for path in root.glob(f"*/{REPORT_JSON}"):
@@ -64,7 +64,7 @@ def render_table(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def render_links(links: Optional[dict[str, Any]]) -> str:
+def render_links(links: dict[str, Any] | None) -> str:
     if not links:
         return ""
     def allreduce_table(points: list[dict]) -> list[str]:

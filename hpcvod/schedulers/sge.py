@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Mapping, Optional, Sequence
+from typing import Annotated, Mapping, Sequence
 
 from hpcvod.schedulers.base import (CANCELLED, COMPLETED, FAILED, JOB_ENV, JOB_FOLDER, JOB_LOG, PENDING, RUNNING,
                                     TIMEOUT, UNKNOWN, JobRequest, JobStatus, Scheduler, SchedulerError, Submitted,
@@ -66,7 +66,7 @@ def sge_state(letters: str) -> str:
     return UNKNOWN
 
 
-def parse_qstat_listing(text: str, job_id: str) -> Optional[str]:
+def parse_qstat_listing(text: str, job_id: str) -> str | None:
     """The state letters of job_id in plain ``qstat`` output (None when it is not listed)."""
     for line in text.splitlines():
         fields = line.split()

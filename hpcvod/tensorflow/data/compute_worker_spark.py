@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 from hpcvod.frameworks.tensorflow.data_service import (
     ComputeGroup, DataServiceError, parse_args, parser, serve, split_error,
@@ -72,7 +72,7 @@ def failure_line(exc: BaseException, tasks: int) -> str:
     return f"the Spark compute job failed: {reason[:400]}"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     options = parser(PROG, "Run the tf.data service compute job as a Spark barrier stage (docs/frameworks.md).")
     options.add_argument("--tasks", type=int, default=None,
                          help="barrier tasks, one per compute rank (default: the default parallelism, N of local[N])")
