@@ -6,7 +6,7 @@ process); it returns once ``config.compute_client().shutdown()`` was called. ``m
 
 import sys
 
-from hpcvod.frameworks.tensorflow.data_service import main  # noqa: F401 - Horovod: compute_worker.main
+from hpcvod.frameworks.tensorflow.compute_job import main  # noqa: F401 - Horovod: compute_worker.main
 
 if __name__ == "__main__":
     sys.exit(main())

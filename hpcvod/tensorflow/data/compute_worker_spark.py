@@ -19,9 +19,8 @@ import re
 import sys
 from typing import Callable, Iterator
 
-from hpcvod.frameworks.tensorflow.data_service import (
-    ComputeGroup, DataServiceError, parse_args, parser, serve, split_error,
-)
+from hpcvod.frameworks.tensorflow.compute_job import ComputeGroup, parse_args, parser, serve, split_error
+from hpcvod.frameworks.tensorflow.data_service import DataServiceError
 
 PROG = "spark-submit compute_worker_spark.py"
 # Without these a stage with more barrier tasks than free slots waits for ever (docs/measured.md); with them Spark gives
