@@ -269,19 +269,16 @@ class ControlChannel:
                   file=sys.stderr, flush=True)
 
     def send_up(self, msg: dict) -> bool:
-        if self.up is None:
-            return False
-        try:
-            with self._send_lock:
-                self.up.sendall(self._encode(msg))
-            return True
-        except OSError:
-            return False
+        return self.up is not None and self._send(self.up, msg)
 
     def send_peer(self, peer: Peer, msg: dict) -> bool:
+        return self._send(peer.sock, msg)
+
+    def _send(self, sock: socket.socket, msg: dict) -> bool:
+        """One framed message on ``sock``; False when the connection is gone."""
         try:
             with self._send_lock:
-                peer.sock.sendall(self._encode(msg))
+                sock.sendall(self._encode(msg))
             return True
         except OSError:
             return False
