@@ -129,14 +129,20 @@ UNTRUSTED = [
 ]
 
 
-@pytest.mark.parametrize("make", [u[1] for u in UNTRUSTED], ids=[u[0] for u in UNTRUSTED])
-def test_a_jobs_folder_another_user_can_change_is_refused(cli, work, make):
-    problem = dict((u[1], u[2]) for u in UNTRUSTED)[make]
+def _refused_untouched(cli, work, make, problem: str, tail: str) -> tuple[str, str]:
+    """Submit with the --output-dir that ``make`` builds: one error line naming it and ``problem``, nothing created
+    or submitted. Returns (the line, stdout)."""
     output_dir = make(work)
     before = _tree(work)
     code, out, err = _submit(cli, "--output-dir", output_dir)
-    one_error_line(code, err, f"--output-dir {output_dir}: ", problem, "docs/submission.md")
+    line = one_error_line(code, err, f"--output-dir {output_dir}: ", problem, tail)
     assert _tree(work) == before  # nothing created, nothing submitted
+    return line, out
+
+
+@pytest.mark.parametrize("make, problem", [u[1:] for u in UNTRUSTED], ids=[u[0] for u in UNTRUSTED])
+def test_a_jobs_folder_another_user_can_change_is_refused(cli, work, make, problem):
+    _, out = _refused_untouched(cli, work, make, problem, "docs/submission.md")
     assert out == ""
 
 
@@ -224,15 +230,10 @@ NOT_A_FOLDER = [("a file", _a_file, "f is a file"), ("under a file", _under_a_fi
                 ("a FIFO", _a_fifo, "fifo is a FIFO")]
 
 
-@pytest.mark.parametrize("make", [n[1] for n in NOT_A_FOLDER], ids=[n[0] for n in NOT_A_FOLDER])
-def test_an_output_dir_that_is_no_folder_is_one_line(cli, work, make):
-    problem = dict((n[1], n[2]) for n in NOT_A_FOLDER)[make]
-    output_dir = make(work)
-    before = _tree(work)
-    code, out, err = _submit(cli, "--output-dir", output_dir)
-    line = one_error_line(code, err, f"--output-dir {output_dir}: ", problem, "expected a folder")
+@pytest.mark.parametrize("make, problem", [n[1:] for n in NOT_A_FOLDER], ids=[n[0] for n in NOT_A_FOLDER])
+def test_an_output_dir_that_is_no_folder_is_one_line(cli, work, make, problem):
+    line, _ = _refused_untouched(cli, work, make, problem, "expected a folder")
     assert "Errno" not in line
-    assert _tree(work) == before
 
 
 # ---- item 3: files of a job folder are read never through a symbolic link -----------------------------------
