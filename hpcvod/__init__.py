@@ -7,3 +7,12 @@ Two halves that meet only in a rendered batch script and a few environment varia
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``hpcvod.run`` (Horovod's ``horovod.run``), loaded on first use so that ``import hpcvod`` stays light."""
+    if name in ("run", "RunError"):
+        from hpcvod import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'hpcvod' has no attribute {name!r}")
