@@ -237,6 +237,8 @@ def _reducescatter_handle(tensor: Any, name: str | None, op: int | None, process
     if d is None:
         a, _ = contiguous_work(a, False)
     op = resolve_op(op, None)
+    if op == ADASUM:
+        raise HpcvodInputError("reducescatter: op=Adasum is not supported (Horovod's neither); use Sum or Average")
     mpi_op = mpi_reduce_op(op, a.dtype)
     pre, post = float(prescale_factor), float(postscale_factor)
     h = _plain_handle(K.REDUCESCATTER, tensor, name, process_set, a, shape=a.shape, op=op, prescale=pre,

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import handles as K
+from .adasum import ADASUM_OP, adasum_allreduce
 from .handles import Handle
 from .hierarchical import MpiPrimitives, Topology, hierarchical_allreduce
 from .tables import MPI_ACTIVITY, scale_into
@@ -150,7 +151,7 @@ class HostOps:
         else:
             if out is None:
                 out = np.empty_like(a) if a.nbytes < POOL_MIN_BYTES else _results.empty(a.shape, a.dtype)
-            if h.prescale != 1.0 or self._hierarchical:
+            if h.prescale != 1.0 or self._hierarchical or h.mpi_op is ADASUM_OP:
                 scale_into(a, h.prescale, out)
                 t1 = _perf() if tl is not None else 0.0
                 self.allreduce_in_place(out, h)
@@ -168,8 +169,12 @@ class HostOps:
             tl.span(h.name, QUEUE, h.t_ready, t0)
             tl.span(h.name, "MPI_ALLREDUCE", t1, t2, {"bytes": a.nbytes})
 
-    def allreduce_in_place(self, buf: np.ndarray, h: Handle) -> None:
-        """One in-place MPI allreduce of ``buf`` (contiguous), hierarchical when asked for and useful."""
+    def allreduce_in_place(self, buf: np.ndarray, h: Handle, counts: list[int] | None = None) -> None:
+        """One in-place MPI allreduce of ``buf`` (contiguous), hierarchical when asked for and useful; Adasum
+        (flat, as Horovod's MPI Adasum) with a dot product per tensor (``counts``: elements of each one)."""
+        if h.mpi_op is ADASUM_OP:
+            adasum_allreduce(buf.reshape(-1), counts or [buf.size], self.comm)
+            return
         if self._hierarchical and buf.size >= self.size:
             topo = self._topology
             if topo is None:
@@ -208,7 +213,7 @@ class HostOps:
         if first.prescale != 1.0:
             scale_into(flat, first.prescale, flat)
         t1 = _perf()
-        self.allreduce_in_place(flat, first)
+        self.allreduce_in_place(flat, first, [h.tensor.size for h in group] if first.mpi_op is ADASUM_OP else None)
         if first.postscale != 1.0:
             scale_into(flat, first.postscale, flat)
         t2 = _perf()

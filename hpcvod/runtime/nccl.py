@@ -31,7 +31,7 @@ from . import handles as K
 from .errors import HpcvodConfigError, HpcvodError
 from .hierarchical import Topology, hierarchical_allreduce
 from .tables import (
-    MAX, MIN, NCCL_BFLOAT16, NCCL_OPS, NCCL_TYPES, SUM, arithmetic_dtype, bfloat16_narrow, bfloat16_widen, element_name, is_bfloat16,
+    ADASUM, MAX, MIN, NCCL_BFLOAT16, NCCL_OPS, NCCL_TYPES, SUM, arithmetic_dtype, bfloat16_narrow, bfloat16_widen, element_name, is_bfloat16,
     mpi_reduce_op, mpi_type, scale_on_device,
 )
 
@@ -157,7 +157,7 @@ class DeviceOps:
     # ------------------------------------------------------------------------------- allreduce
     def allreduce(self, group: list[Any], nbytes: int, tl: Any = None) -> None:
         """One request or a fused group (same dtype, op and scaling): reduce in place or into new arrays."""
-        if self.backend == "mpi":
+        if self.backend == "mpi" or group[0].sig.op == ADASUM:   # NCCL has no Adasum: through the host
             for h in group:
                 self.staged(h)
             return

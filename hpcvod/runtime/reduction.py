@@ -14,6 +14,7 @@ import numpy as np
 
 from . import context, gpu
 from . import handles as K
+from .adasum import check_size as check_adasum_size
 from .compression import Compression, Compressor
 from .engine import Lane
 from .errors import HpcvodInputError, HpcvodNotInitializedError
@@ -121,8 +122,11 @@ def _allreduce_handle(tensor: Any, average: bool | None, name: str | None, op: i
         h.prescale = pre
     if op == AVERAGE:
         h.postscale = post / lane.size
-    elif post != 1.0:
-        h.postscale = post
+    else:
+        if op == ADASUM:
+            check_adasum_size(lane.size)
+        if post != 1.0:
+            h.postscale = post
     if finish is not None:
         h.finish = finish
     return h
@@ -136,6 +140,8 @@ def _device_allreduce_handle(lane: Lane, tensor: Any, average: bool | None, name
     elem = element_of(tensor, d)
     op = resolve_op(op, average)
     plan = reduction_plan(arithmetic_dtype(elem), op)   # for staging through host memory
+    if op == ADASUM:
+        check_adasum_size(lane.size)
     pre, post = float(prescale_factor), float(postscale_factor)
     output = d if in_place else (device_out(out, d, "allreduce") if out is not None else None)
     sig = Signature(K.ALLREDUCE, elem, d.shape, op, None, pre, post, True)

@@ -13,6 +13,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import handles as K
+from .adasum import ADASUM_OP
+from .adasum import check_dtype as check_adasum_dtype
 from .errors import HpcvodInputError
 
 # Horovod's reduction op numbering.
@@ -71,7 +73,11 @@ def mpi_type(dtype: np.dtype) -> MPI.Datatype:
 
 
 def mpi_reduce_op(op: int, dtype: np.dtype) -> MPI.Op:
-    """The MPI reduction for a Horovod op on a dtype (raises HpcvodInputError where it is undefined)."""
+    """The MPI reduction for a Horovod op on a dtype (raises HpcvodInputError where it is undefined); for Adasum
+    the marker ADASUM_OP, on which the host executor runs runtime/adasum.py instead of an MPI reduction."""
+    if op == ADASUM:
+        check_adasum_dtype(dtype)
+        return ADASUM_OP
     if dtype == np.bool_:
         if op == AVERAGE:
             raise HpcvodInputError("op=Average is undefined for bool arrays; use Sum (logical or) or Min/Max")
@@ -86,9 +92,6 @@ def mpi_reduce_op(op: int, dtype: np.dtype) -> MPI.Op:
         return MPI.MAX
     if op == PRODUCT:
         return MPI.PROD
-    if op == ADASUM:
-        raise NotImplementedError(
-            "op=Adasum is not implemented in hpcvod yet (use Average or Sum); see docs/runtime.md")
     raise HpcvodInputError(f"unknown reduction op {op!r}; expected Average, Sum, Min, Max or Product")
 
 

@@ -295,7 +295,7 @@ if size >= 2:  # with one rank the even set would be the global set
 
 # ------------------------------------------------------------------------------------- input validation
 for what, call, error in (
-    ("Adasum is not implemented", lambda: hvd.allreduce(np.ones(2), op=hvd.Adasum), NotImplementedError),
+    ("Adasum of an int array", lambda: hvd.allreduce(np.ones(2, np.int32), op=hvd.Adasum), hvd.HpcvodInputError),
     ("bool Average", lambda: hvd.allreduce(np.ones(2, bool)), hvd.HpcvodInputError),
     ("object dtype", lambda: hvd.allreduce(np.array([object()])), hvd.HpcvodInputError),
     ("bad root", lambda: hvd.broadcast(np.ones(2), root_rank=size), hvd.HpcvodInputError),
