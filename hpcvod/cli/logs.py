@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
-    from hpcvod.jobs.submission import job_has_data_service, job_world_size
+    from hpcvod.jobs.submission import job_has_data_service, job_world_size, scheduler_of
     from hpcvod.jobs.watch import follow_output, log_files
     from hpcvod.schedulers.base import DATA_SERVICE_LOG
 
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
     if args.rank is not None and size is not None and args.rank >= size and not job_has_data_service(ref):
         ranks = "rank 0 only" if size == 1 else f"ranks 0-{size - 1}"
         raise UserError(f"logs: --rank {args.rank}: job {ref.job_id} has {ranks}")
+    scheduler_of(ref).refresh_output(ref.job_id, ref.job_dir)  # kubernetes: the launcher pod's log, fetched
     logs = log_files(ref)
     if not args.follow and not logs[0][1].exists():
         print(one_line(f"(no output yet: {ref.output})"), file=sys.stderr)

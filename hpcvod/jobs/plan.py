@@ -468,7 +468,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         scheduler_job_name=safe_name(env.job_name), nodes=layout.nodes, tasks_per_node=layout.tasks_per_node,
         cpus_per_task=layout.cpus_per_task, gpus_per_node=layout.gpus_per_node, gpu_type=layout.part.gpu_type,
         world_size=layout.world_size, partition=layout.partition, time_seconds=seconds, account=account,
-        workdir=host.cwd, mpi_flavour=flavour, launcher=launcher.name,
+        workdir=scheduler.workdir(host.cwd), mpi_flavour=flavour, launcher=launcher.name,
         launch_argv=tuple(line.argv) + tuple(label_argv(program.label_python)), program_argv=program.argv,
         env_groups=tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs),
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),

@@ -90,13 +90,14 @@ def render(plan: LaunchPlan, template: str, job_folder: bool = True) -> str:
 
 
 def is_rendered_script(path: Path) -> bool:
-    """Whether ``path`` is a regular file that begins as every script hpcvod renders does."""
+    """Whether ``path`` is a regular file that begins as every script hpcvod renders does (or as a manifest it
+    renders: the marker line first, a YAML comment)."""
     try:
         with open_regular(path, "file") as f:
             head = f.read(len(RENDERED_SHEBANG) + len(RENDERED_MARKER))
     except (OSError, UserError):
         return False
-    return head == (RENDERED_SHEBANG + RENDERED_MARKER).encode()
+    return head == (RENDERED_SHEBANG + RENDERED_MARKER).encode() or head.startswith(RENDERED_MARKER.encode())
 
 
 def _files_launched(plan: LaunchPlan) -> list[Path]:

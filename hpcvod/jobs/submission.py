@@ -39,8 +39,8 @@ def prepare(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
     """The plan and its script; ``job_folder=False``: the script is written alone (``hpcvod render``)."""
     plan = resolve(spec, site, host, command)
     scheduler = scheduler_for(site)
-    return Prepared(site=site, plan=plan, script=render(plan, scheduler.template, job_folder),
-                    script_name=scheduler.script_name)
+    script = scheduler.wrap_script(render(plan, scheduler.template, job_folder), plan)  # kubernetes: its manifest
+    return Prepared(site=site, plan=plan, script=script, script_name=scheduler.script_name)
 
 
 def secret_values(names: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -299,6 +299,7 @@ def follow_output(ref: JobRef, out: IO[str], poll_seconds: float | None = None, 
     backoff = polling(ref, scheduler, poll_seconds)
     while True:
         finished = scheduler.status(ref.job_id, ref.job_dir).finished
+        scheduler.refresh_output(ref.job_id, ref.job_dir)  # kubernetes: the launcher pod's log, fetched again
         copy()
         if finished:
             out.write(tail.rest())

@@ -165,6 +165,20 @@ class Scheduler:
         """The resource request, one directive per line, without the prefix."""
         return []
 
+    def workdir(self, submit_dir: str) -> str:
+        """The folder the job's launch line starts in: the one hpcvod was run from (a file system the nodes share),
+        unless this scheduler's jobs run elsewhere (kubernetes: a folder of the container image)."""
+        return submit_dir
+
+    def wrap_script(self, script: str, plan: Any) -> str:
+        """The file submit writes and hands over, made of the rendered ``script``: the script itself for a batch
+        system; kubernetes wraps it into the manifest whose launcher runs it."""
+        return script
+
+    def refresh_output(self, job_id: str, job_dir: Path | None) -> None:
+        """Bring the job's output into its folder's output.log where the scheduler keeps it elsewhere (kubernetes:
+        the launcher pod's log); the batch systems write output.log there themselves."""
+
     def data_service_directives(self, compute: JobRequest, training: JobRequest) -> list[str]:
         """The resource request of a training job (``training``) with its tf.data service compute part
         (``compute``: its nodes, tasks and CPUs; no options of its own)."""

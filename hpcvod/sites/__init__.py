@@ -35,6 +35,7 @@ def schema(schedulers: Schedulers) -> dict[str, Any]:
     for name in sorted(schedulers):
         options = json_schema(schedulers[name].Options)
         options.pop("$schema", None)
+        out.setdefault("$defs", {}).update(options.pop("$defs", {}))  # a nested dataclass's $ref is to the root
         branches.append({"if": {"properties": {"scheduler": {"const": name}}, "required": ["scheduler"]},
                          "then": {"properties": {"scheduler_options": options}}})
     out["allOf"] = branches

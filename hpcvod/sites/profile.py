@@ -180,7 +180,10 @@ class SiteProfile:
     directives: Directives = doc("extra and skipped scheduler directives", factory=Directives)
     jobs: Jobs = doc("who may read job folders; how often waiting for a job asks the scheduler", factory=Jobs)
     env: EnvMap = doc("any other environment variables for every job", factory=dict)
-    scheduler_options: dict[Annotated[str, ONE_LINE], Union[EnvValue, bool]] = doc(
+    # values: scalars, or a mapping/list of them (kubernetes: node_selector, tolerations); each scheduler's own
+    # Options dataclass checks them precisely
+    scheduler_options: dict[Annotated[str, ONE_LINE], Union[EnvValue, bool, dict[Line, EnvValue],
+                                                            list[dict[Line, EnvValue]]]] = doc(
         "options of the scheduler module (see docs/sites.md: slurm, pbs, local)", factory=dict)
 
 
