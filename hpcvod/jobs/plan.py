@@ -472,7 +472,7 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         launch_argv=tuple(line.argv) + tuple(label_argv(program.label_python)), program_argv=program.argv,
         env_groups=tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs),
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
-        directive_prefix=scheduler.directive_prefix, directives=(), container=program.image,
+        directive_prefix=scheduler.directive_prefix, directives=(), container=program.image or scheduler.image(),
         command=tuple(command), secret_env=env.secret, options=options, array_index_var=array_index_var,
         data_service=data_service,
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))

@@ -170,6 +170,11 @@ class Scheduler:
         unless this scheduler's jobs run elsewhere (kubernetes: a folder of the container image)."""
         return submit_dir
 
+    def image(self) -> str | None:
+        """The container image this scheduler itself starts every rank in (kubernetes: its pods'), whatever the
+        profile's container keys say; None: the ranks run where the launch line puts them."""
+        return None
+
     def wrap_script(self, script: str, plan: Any) -> str:
         """The file submit writes and hands over, made of the rendered ``script``: the script itself for a batch
         system; kubernetes wraps it into the manifest whose launcher runs it."""

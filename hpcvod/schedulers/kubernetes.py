@@ -194,6 +194,9 @@ class KubernetesScheduler(Scheduler):
     def workdir(self, submit_dir: str) -> str:
         return self.options.workdir
 
+    def image(self) -> str | None:
+        return self.options.image
+
     def _kubectl(self, *words: str) -> list[str]:
         return ["kubectl", *(["--context", self.options.context] if self.options.context else []), *words]
 
