@@ -81,6 +81,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gloo", action=Refused, nargs=0, help=argparse.SUPPRESS,
                    instead="hpcvod runs over MPI only (drop --gloo, or give --mpi)")
     p.add_argument("--verbose", action="store_true", help="print the MPI found and the launch command first")
+    p.add_argument("--as-horovod", action="store_true", help="for this run only, `import horovod.X` loads hpcvod.X: "
+                   "a Horovod script runs with no line changed (refused where horovod is installed)")
     p.add_argument("--env", "-e", action="append", default=[], metavar="KEY=VALUE", help="more environment")
     group = p.add_argument_group("start-up")
     group.add_argument("--start-timeout", type=int, metavar="SECONDS",
@@ -382,6 +384,9 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
     # the ranks check the MPI they load against the launcher's (docs/contract.md)
     settings = {"HPCVOD_WORLD_SIZE": str(args.np), "HPCVOD_MPI_FLAVOUR": mpi.flavour, **runtime_settings(args),
                 **network_env, **dict(parse_env(args.env))}
+    if args.as_horovod:   # the ranks' PYTHONPATH starts with hpcvod/as_horovod/site (its sitecustomize)
+        from hpcvod.as_horovod import ranks_environment
+        settings.update(ranks_environment({**os.environ, **settings}))
     launcher_env = ssh_settings(args.ssh_port, args.ssh_identity_file, mpi.flavour)  # mpiexec's, not the ranks'
     env = without_outer_launch(os.environ)
     env.update(settings)
