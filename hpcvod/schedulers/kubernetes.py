@@ -45,16 +45,15 @@ DNS1123_LABEL = Pattern(r"(?=[a-z0-9-]{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?",
                         "a DNS-1123 label: at most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit")
 DNS1123_SUBDOMAIN = Pattern(r"(?=[a-z0-9.-]{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
                             "a DNS-1123 subdomain: dot-separated DNS-1123 labels, at most 253 characters")
-# a label key: [prefix/]name (prefix a DNS subdomain, name 63 characters of [A-Za-z0-9_.-], alphanumeric ends)
-LABEL_KEY = Pattern(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                    r"(?=[A-Za-z0-9_.-]{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?",
-                    "a Kubernetes label key: [PREFIX/]NAME, NAME at most 63 of A-Z a-z 0-9 - _ . with alphanumeric ends")
-LABEL_VALUE = Pattern(r"(?=[A-Za-z0-9_.-]{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?",
+_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"  # a DNS subdomain and '/', or none
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"  # letters, digits, - _ . with alphanumeric ends
+LABEL_KEY = Pattern(_PREFIX + r"(?=[A-Za-z0-9_.-]{1,63}$)" + _NAME,
+                    "a Kubernetes label key: [PREFIX/]NAME, NAME at most 63 of A-Z a-z 0-9 - _ . (alphanumeric ends)")
+LABEL_VALUE = Pattern(r"(?=[A-Za-z0-9_.-]{0,63}$)(" + _NAME + ")?",
                       "a Kubernetes label value: at most 63 of A-Z a-z 0-9 - _ . with alphanumeric ends, or empty")
 IMAGE = Pattern(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*", "a container image reference (REGISTRY/PATH:TAG or @sha256:...)")
 ABSOLUTE_PATH = Pattern(r"/[A-Za-z0-9._/+@-]*", "an absolute path of letters, digits and . _ / + @ -")
-RESOURCE_NAME = Pattern(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?",
-                        "an extended resource name like nvidia.com/gpu or amd.com/gpu")
+RESOURCE_NAME = Pattern(_PREFIX + _NAME, "an extended resource name like nvidia.com/gpu or amd.com/gpu")
 CONTEXT = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.@:/-]*", "a kubeconfig context name")
 
 

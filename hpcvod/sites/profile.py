@@ -119,12 +119,15 @@ class Interconnect:
 class Container:
     """Running the ranks inside a container image."""
 
-    runtime: Optional[Literal["apptainer", "singularity", "pyxis"]] = doc(
-        "apptainer/singularity (`apptainer exec IMAGE ...` per rank) or pyxis (`srun --container-image`); "
-        "null = --container is refused", None)
+    runtime: Optional[Literal["apptainer", "singularity", "charliecloud", "podman", "pyxis"]] = doc(
+        "apptainer/singularity (`apptainer exec IMAGE ...` per rank), charliecloud (`ch-run IMAGE -- ...`), "
+        "podman (`podman run ... IMAGE ...`) or pyxis (`srun --container-image`); null = --container is refused",
+        None)
     image: Optional[Annotated[str, ONE_LINE]] = doc("image used when --container is not given (null = no container)", None)
-    mounts: list[Line] = doc("bind mounts, SRC[:DST] (apptainer --bind, pyxis --container-mounts)", factory=list)
-    args: list[Line] = doc("extra arguments for `apptainer exec` or srun's pyxis options", factory=list)
+    mounts: list[Line] = doc("bind mounts, SRC[:DST] (apptainer --bind, ch-run -b, podman -v, pyxis "
+                             "--container-mounts)", factory=list)
+    args: list[Line] = doc("extra arguments for `apptainer exec`, `ch-run`, `podman run` or srun's pyxis options",
+                           factory=list)
     python: Annotated[str, ONE_LINE] = doc("the Python inside the image that runs .py scripts", "python3")
 
 
@@ -183,7 +186,7 @@ class SiteProfile:
     # values: scalars, or a mapping/list of them (kubernetes: node_selector, tolerations); each scheduler's own
     # Options dataclass checks them precisely
     scheduler_options: dict[Annotated[str, ONE_LINE], Union[EnvValue, bool, dict[Line, EnvValue],
-                                                            list[dict[Line, EnvValue]]]] = doc(
+                                                            list[dict[Line, EnvValue]], None]] = doc(
         "options of the scheduler module (see docs/sites.md: slurm, pbs, local)", factory=dict)
 
 
@@ -226,6 +229,10 @@ def profile_problems(profile: SiteProfile, schedulers: Schedulers) -> list[Profi
         problem(("interconnect", "gid_index"), f"only applies to kind 'roce', not {profile.interconnect.kind!r}")
     if profile.container.runtime == "pyxis" and launcher.kind != "srun":
         problem(("container", "runtime"), "pyxis runs through srun: it needs launcher.kind 'srun'")
+    if profile.container.runtime == "charliecloud":
+        for i, mount in enumerate(profile.container.mounts):
+            if mount.count(":") > 1:  # ch-run -b takes no options
+                problem(("container", "mounts", i), f"{mount!r}: ch-run binds SRC[:DST], without options")
     for name, part in profile.partitions.items():
         for key in ("cpus_per_node", "gpus_per_node"):
             if getattr(part, key) == AUTO and not traits.single_host:
