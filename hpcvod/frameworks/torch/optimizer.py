@@ -25,6 +25,36 @@ _INSTANCE_OVERRIDES = ("step", "zero_grad", "synchronize")
 BUCKET_BYTES = 25 * 1024 * 1024  # default reduction bucket (DDP's default too)
 
 
+def parameter_names(optimizer: torch.optim.Optimizer,
+                    named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> dict[int, str]:
+    """id(parameter) -> the name its reductions use (Horovod's checks and its names for unnamed parameters); sets
+    Horovod's ``_parameter_names`` attribute on ``optimizer``."""
+    all_params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is not None:
+        named = list(named_parameters)
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
+                             "model.named_parameters()")
+        seen: set[str] = set()
+        duplicates = sorted({name for name, _ in named if name in seen or seen.add(name)})
+        if duplicates:
+            raise ValueError(f"Parameter names in named_parameters must be unique; duplicates: "
+                             f"{', '.join(duplicates)}")
+        names = {id(p): name for name, p in named}
+        unnamed = [i for i, p in enumerate(all_params) if id(p) not in names]
+        if unnamed:
+            raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) are not "
+                             f"in it (positions {unnamed[:10]} in the param groups)")
+        # Horovod's attribute, read by Horovod code and tests: parameter -> its name
+        optimizer._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
+    else:
+        # Horovod's names for unnamed parameters: group and position in it, unique over several groups
+        names = {id(p): f"noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
+                 for j, p in enumerate(group["params"])}
+        optimizer._parameter_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
+    return names
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixin body of the classes ``DistributedOptimizer`` builds; ``_hvd_*`` attributes are its own state."""
 
@@ -35,29 +65,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-                raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
-                                 "model.named_parameters()")
-            seen: set[str] = set()
-            duplicates = sorted({name for name, _ in named if name in seen or seen.add(name)})
-            if duplicates:
-                raise ValueError(f"Parameter names in named_parameters must be unique; duplicates: "
-                                 f"{', '.join(duplicates)}")
-            names = {id(p): name for name, p in named}
-            unnamed = [i for i, p in enumerate(all_params) if id(p) not in names]
-            if unnamed:
-                raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) are not "
-                                 f"in it (positions {unnamed[:10]} in the param groups)")
-            # Horovod's attribute, read by Horovod code and tests: parameter -> its name
-            self._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
-        else:
-            # Horovod's names for unnamed parameters: group and position in it, unique over several groups
-            names = {id(p): f"noname.{i}.{j}" for i, group in enumerate(self.param_groups)
-                     for j, p in enumerate(group["params"])}
-            self._parameter_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
-
+        names = parameter_names(self, named_parameters)
         self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
         self._hvd_compression = compression
         self._hvd_op, self._hvd_prescale, self._hvd_postscale = average_as_prescale(op, gradient_predivide_factor)
@@ -240,15 +248,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_hooks.clear()
 
 
-_class_cache: dict[type, type] = {}
+_class_cache: dict[tuple[type, type], type] = {}
 
 
-def _distributed_class(base: type) -> type:
+def _distributed_class(base: type, mixin: type = _DistributedOptimizer) -> type:
     """A subclass of the user's optimizer class with the mixin's methods (so isinstance checks, LR schedulers and
     state_dict keep working)."""
-    cls = _class_cache.get(base)
+    cls = _class_cache.get((base, mixin))
     if cls is None:
-        body = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+        body = {k: v for k, v in mixin.__dict__.items()
                 if k not in ("__dict__", "__weakref__", "__doc__")}
         body["_hvd_base"] = None  # set below, once the class exists
         cls = type(base.__name__, (base,), body)
@@ -257,7 +265,7 @@ def _distributed_class(base: type) -> type:
         cls.step.hooked = True
         cls._hvd_base = cls
         cls.__module__ = __name__
-        _class_cache[base] = cls
+        _class_cache[(base, mixin)] = cls
     return cls
 
 
@@ -283,7 +291,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         warnings.warn("num_groups is deprecated (as in Horovod): use groups=N", DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
-    cls = _distributed_class(type(optimizer))
+    # Horovod's Adasum optimizer (on more than one rank): each rank steps on its own gradients and the parameter
+    # deltas are combined by Adasum (frameworks/torch/adasum_optimizer.py)
+    mixin: type = _DistributedOptimizer
+    if op == rt.Adasum and rt.size() > 1:
+        from hpcvod.frameworks.torch.adasum_optimizer import DistributedAdasumOptimizer as mixin
+    cls = _distributed_class(type(optimizer), mixin)
     wrapped = cls.__new__(cls)
     # Share the optimizer's state, param groups, hooks and defaults; drop instance-level method patches (an LR
     # scheduler created before wrapping replaces ``step`` on the instance) so the distributed methods win.
