@@ -190,6 +190,11 @@ class KubernetesScheduler(Scheduler):
     data_service_refusal = ("an MPIJob has one launcher and one kind of worker: submit the compute job and the "
                             "training as two jobs (docs/data-service.md)")
 
+    def __init__(self, options: KubernetesOptions | None = None) -> None:
+        # no options: a job whose site profile no longer loads (scheduler_of); status, logs and cancel need only
+        # the namespace (job.json records it), never the image or its folder
+        super().__init__(options if options is not None else KubernetesOptions(image="", workdir="/"))
+
     def workdir(self, submit_dir: str) -> str:
         return self.options.workdir
 

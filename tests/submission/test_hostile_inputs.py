@@ -40,9 +40,11 @@ TRAIN = "print('train')\n"
 # hpcvod's own words in scheduler command lines; everything else a fake tool sees must be a job id
 FIXED_WORDS = {"--", "--json", "--jobs", "--noheader", "--format", "%i|%T|%r|%S", "show", "job", "--oneliner",
                "--allocations", "--parsable2", "JobID,State,ExitCode,Start,End", "-f", "-x", "-u", "*", "-j",
-               "-terse"}
+               "-terse",
+               # kubectl's (hpcvod/schedulers/kubernetes.py); its launcher Job is named job/ID-launcher
+               "get", "mpijob", "--namespace", "default", "--output", "json", "logs", "delete", "--wait=false"}
 CANARY: dict[str, int] = {}  # the canary's pid, for the job-folder strategies (drawn once the fixture has run)
-SCHEDULER_TOOLS = ("scancel", "squeue", "scontrol", "sacct", "sbatch", "qdel", "qstat", "qacct", "qsub")
+SCHEDULER_TOOLS = ("scancel", "squeue", "scontrol", "sacct", "sbatch", "qdel", "qstat", "qacct", "qsub", "kubectl")
 
 
 # ---- the harness ---------------------------------------------------------------------------------------
@@ -331,7 +333,8 @@ def _audit_scheduler_calls(calls: Path) -> None:
     for line in calls.read_bytes().split(b"\n"):
         words = [w.decode() for w in line.split(b"\0") if w]
         for word in words[1:]:
-            assert word in FIXED_WORDS or any(p.fullmatch(word) for p in patterns), (words, word)
+            job_id = word.removeprefix("job/").removesuffix("-launcher") if words[0] == "kubectl" else word
+            assert word in FIXED_WORDS or any(p.fullmatch(job_id) for p in patterns), (words, word)
 
 
 @settings(max_examples=250, **SETTINGS)
