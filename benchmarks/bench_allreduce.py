@@ -5,12 +5,14 @@
 For float32 sizes from 4 KiB to 256 MiB it times, in interleaved rounds (medians reported):
   * ``hvd.allreduce_(x)``  against ``comm.Allreduce(MPI.IN_PLACE, x)``      (in place)
   * ``hvd.allreduce(x)``   against ``comm.Allreduce(x, out)``               (separate result; ours allocates it)
-and the burst case: 200 x 16 KiB tensors submitted with ``hvd.allreduce_async`` then synchronized, against one
-raw in-place ``Allreduce`` of the same 3.2 MB already fused (and, for context, 200 separate raw calls).
+and the burst case: 200 x 16 KiB tensors submitted with ``hvd.allreduce_async`` then synchronized, against what a
+careful raw mpi4py user writes for the same tensors (pack them into one buffer, one in-place ``Allreduce``, unpack
+into the tensors), and for context one raw call on the bytes already fused and 200 separate raw calls.
 Every hpcvod call uses op=Sum like the raw calls, and names its tensors as a training loop does; every
 buffer of both arms is 2 MiB-aligned (huge pages; see buffer()). Bus
-bandwidth = 2(n-1)/n * bytes / time; a "ratio" is hpcvod's bandwidth / raw (>= 0.95 is the target at >= 1 MiB),
-and for the 4 KiB latency and the burst it is hpcvod's time / raw time (targets <= 3x and <= 2x).
+bandwidth = 2(n-1)/n * bytes / time; a "ratio" is hpcvod's bandwidth / raw (>= 0.95 is the target at 1 and 16
+MiB, issue 27), and for the 4 KiB latency and the burst it is hpcvod's time / raw time (targets <= 2x and <= 1.1x
+the hand-fused raw code).
 """
 
 from __future__ import annotations
@@ -145,8 +147,17 @@ def main() -> None:
         for g in grads:
             comm.Allreduce(MPI.IN_PLACE, g, MPI.SUM)
 
-    variants = {"raw_fused": lambda: comm.Allreduce(MPI.IN_PLACE, fused, MPI.SUM), "ours": burst,
-                "ours_inplace": burst_inplace, "raw_200": raw_separate}
+    def raw_hand_fused() -> None:
+        """What a careful mpi4py user writes: pack, one in-place call, unpack into the tensors."""
+        np.concatenate(grads, out=fused)
+        comm.Allreduce(MPI.IN_PLACE, fused, MPI.SUM)
+        offset = 0
+        for g in grads:
+            g[...] = fused[offset:offset + count]
+            offset += count
+
+    variants = {"raw_hand": raw_hand_fused, "raw_fused": lambda: comm.Allreduce(MPI.IN_PLACE, fused, MPI.SUM),
+                "ours": burst, "ours_inplace": burst_inplace, "raw_200": raw_separate}
     iterations = {k: calibrate(comm, f, args.budget * 2) for k, f in variants.items()}
     samples = {k: [] for k in variants}
     for r in range(max(args.rounds, 5)):
@@ -156,13 +167,16 @@ def main() -> None:
     t = {k: statistics.median(v) for k, v in samples.items()}
     say(f"\nburst: {BURST_TENSORS} x {BURST_BYTES // KIB} KiB allreduce_async + synchronize "
         f"({BURST_TENSORS * BURST_BYTES / 1e6:.1f} MB)")
-    say(f"  raw Allreduce(IN_PLACE) on the same bytes already fused: {t['raw_fused'] * 1e3:7.3f} ms")
+    ref = t['raw_hand']
+    say(f"  raw hand-fused (pack, Allreduce(IN_PLACE), unpack):     {ref * 1e3:7.3f} ms")
     say(f"  hpcvod allreduce_async  (new result arrays):            {t['ours'] * 1e3:7.3f} ms  "
-        f"= {t['ours'] / t['raw_fused']:.2f}x the fused raw call (target <= 2x)")
+        f"= {t['ours'] / ref:.2f}x the hand-fused raw code (target <= 1.1x)")
     say(f"  hpcvod allreduce_async_ (in place):                     {t['ours_inplace'] * 1e3:7.3f} ms  "
-        f"= {t['ours_inplace'] / t['raw_fused']:.2f}x")
+        f"= {t['ours_inplace'] / ref:.2f}x")
+    say(f"  for context, one raw call on the bytes already fused:   {t['raw_fused'] * 1e3:7.3f} ms  "
+        f"= {t['raw_fused'] / ref:.2f}x")
     say(f"  for context, 200 separate raw in-place calls:           {t['raw_200'] * 1e3:7.3f} ms  "
-        f"= {t['raw_200'] / t['raw_fused']:.2f}x")
+        f"= {t['raw_200'] / ref:.2f}x")
     hvd.shutdown()
 
 

@@ -138,6 +138,12 @@ HEARTBEAT_TIMEOUT = number("HEARTBEAT_TIMEOUT_SECONDS", 0, MAX_SECONDS, "seconds
                            note="0 = only closed connections count")
 INIT_TIMEOUT = number("INIT_TIMEOUT", 0, MAX_SECONDS, "seconds", note="0 = wait for ever")
 PIN_GPU = flag("PIN_GPU")
+AUTOTUNE = flag("AUTOTUNE")
+AUTOTUNE_WARMUP_SAMPLES = number("AUTOTUNE_WARMUP_SAMPLES", 0, 1000, "samples", whole=True)
+AUTOTUNE_STEPS_PER_SAMPLE = number("AUTOTUNE_STEPS_PER_SAMPLE", 1, 100000, "steps", whole=True)
+# the knobs autotune tunes (autotune.Params field -> setting): one the job sets explicitly stays fixed
+TUNABLE = {"fusion_threshold": FUSION_THRESHOLD, "cycle_time_ms": CYCLE_TIME, "cache_enabled": CACHE_CAPACITY,
+           "hierarchical_allreduce": HIERARCHICAL_ALLREDUCE}
 # What the job script promised (docs/contract.md); hpcvod's own, so no HOROVOD_ spelling
 WORLD_SIZE = number("WORLD_SIZE", 1, 1 << 24, "ranks", whole=True, horovod=False, blank_is_unset=True)
 MPI_FLAVOUR = choice("MPI_FLAVOUR", ("openmpi", "intelmpi", "mpich", "mvapich"), horovod=False,
@@ -190,6 +196,11 @@ class Settings:
     heartbeat_timeout_seconds: float = 30.0
     init_timeout_seconds: float = 300.0
     pin_gpu: bool = True
+    autotune: bool = False
+    autotune_log: str | None = None
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_fixed: tuple[str, ...] = ()   # tunable knobs the job set explicitly (TUNABLE's keys)
 
     def shared(self) -> tuple:
         """The values of SHARED_SETTINGS, for comparison across ranks."""
@@ -199,6 +210,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         d = cls()
         _, timeline = lookup("TIMELINE", env)
+        _, autotune_log = lookup("AUTOTUNE_LOG", env)
         return cls(
             fusion_threshold=FUSION_THRESHOLD.read(d.fusion_threshold, env),
             cycle_time_ms=CYCLE_TIME.read(d.cycle_time_ms, env),
@@ -214,4 +226,10 @@ class Settings:
             heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT.read(d.heartbeat_timeout_seconds, env),
             init_timeout_seconds=INIT_TIMEOUT.read(d.init_timeout_seconds, env),
             pin_gpu=PIN_GPU.read(d.pin_gpu, env),
+            autotune=AUTOTUNE.read(d.autotune, env),
+            autotune_log=autotune_log or None,
+            autotune_warmup_samples=AUTOTUNE_WARMUP_SAMPLES.read(d.autotune_warmup_samples, env),
+            autotune_steps_per_sample=AUTOTUNE_STEPS_PER_SAMPLE.read(d.autotune_steps_per_sample, env),
+            autotune_fixed=tuple(field for field, setting in TUNABLE.items()
+                                 if lookup(setting.name, env)[0] is not None),
         )

@@ -40,7 +40,7 @@ from . import handles as K
 from .errors import HpcvodError, HpcvodInputError, HpcvodShutdownError
 from .executors import Executors
 from .handles import Handle
-from .negotiation import Negotiation
+from .negotiation import RETUNE, Negotiation, wait_request
 from .timeline import Timeline
 
 _perf = time.perf_counter
@@ -85,10 +85,25 @@ class Names:
         for h in hs:
             if not h.unnamed:
                 named[h.name] = h
-        if len(named) > self._limit:             # forget finished ones now and then (names that change per step)
-            for name in [n for n, o in named.items() if o.done]:
-                del named[name]
-            self._limit = max(NAMED_SWEEP, 2 * len(named))
+        if len(named) > self._limit:
+            self._sweep()
+
+    def claim_one(self, h: Handle) -> None:
+        """claim([h]) for one named handle without the batch bookkeeping (every blocking call comes here)."""
+        named = self._named
+        old = named.get(h.name)
+        if old is not None and not old.done:
+            self.claim([h])                      # raises the error
+        named[h.name] = h
+        if len(named) > self._limit:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Forget finished names now and then (names that change per step)."""
+        named = self._named
+        for name in [n for n, o in named.items() if o.done]:
+            del named[name]
+        self._limit = max(NAMED_SWEEP, 2 * len(named))
 
 
 class Lane:
@@ -107,7 +122,9 @@ class Lane:
         self.timeline = timeline                 # the live Timeline or None (set by start/stop_timeline)
         self.names = Names()
         self._claim = self.names.claim          # bound once: every named call goes through it
+        self._claim_one = self.names.claim_one
         self.executors = Executors(comm, set_id, settings)
+        self._host_allreduce_one = self.executors.host.allreduce_one
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         # Submitted, not yet taken by the driver. A deque: append/popleft are atomic, so submitters need no lock.
@@ -124,6 +141,9 @@ class Lane:
         self._abort: BaseException | None = None
         self._inflight: list[Handle] = []        # agreed and being executed (failed together on an error)
         self._for_caller = False                 # the driver runs for a caller that waits (not the bg thread)
+        self.tuner: Any = None                   # rank 0's autotune.Autotuner (global lane), while it tunes
+        self.tuned: list[Any] = []               # autotune settings applied here, in order (the same everywhere)
+        self.negotiation.on_retune = self.retune
 
     @property
     def agreed(self) -> int:
@@ -139,7 +159,7 @@ class Lane:
         if self._abort is not None:
             raise self._abort
         if not h.unnamed:
-            self._claim([h])
+            self._claim_one(h)
         if self.timeline is not None:
             h.t_submit = _perf()               # otherwise the driver stamps it when it takes the request
         self._queue.append(h)
@@ -166,7 +186,7 @@ class Lane:
         """Submit ``h`` and wait for it. On an idle lane this thread negotiates and runs it itself."""
         h.lane = self
         if not h.unnamed:
-            self._claim([h])
+            self._claim_one(h)
         h.t_submit = _perf()
         lock = self._lock
         lock.acquire()
@@ -203,11 +223,16 @@ class Lane:
                     tl.cycle_mark(h.t_submit)   # this fast path is a cycle of its own
                     tl.negotiated([h], h.t_submit, h.t_ready)
                 if h.kind == K.ALLREDUCE:
-                    self.executors.allreduce_one(h, tl)
+                    if h.device:
+                        self.executors.allreduce_one(h, tl)
+                    else:
+                        self._host_allreduce_one(h, tl)   # one hop fewer: every blocking host call
                 else:
                     self.executors.run_others([h], tl)
                 if tl is not None:
                     tl.executed([h], _perf())
+                if self.tuner is not None and self.tuner.record((h,)):
+                    self.negotiation.retune = RETUNE
                 return
             while not h.done:
                 self._cycle()
@@ -245,7 +270,9 @@ class Lane:
     def _release_driver(self) -> None:
         with self._lock:
             self._driving = False
-            if self._has_work() and not self._stopping and self._abort is None:
+            # _has_work() inline: this runs after every blocking call
+            if (self._queue or self._waiting or self._join.handle is not None) and not self._stopping and \
+                    self._abort is None:
                 self.background.wake_locked()
             if self._nwaiters:
                 self._cv.notify_all()
@@ -285,6 +312,8 @@ class Lane:
         self.executors.run(ready, tl)
         if tl is not None:
             tl.executed(ready, _perf())
+        if self.tuner is not None and self.tuner.record(ready):
+            self.negotiation.retune = RETUNE
         self._inflight = []
         if self._nwaiters:
             self._notify()
@@ -305,6 +334,33 @@ class Lane:
 
     def _aborted(self) -> BaseException | None:
         return self._abort
+
+    # ----------------------------------------------------------------------------------- autotune
+    def retune(self) -> None:
+        """Every member, after a negotiation rank 0 flagged RETUNE: receive rank 0's new autotune setting
+        (one broadcast, at the same point of the agreed order everywhere) and apply it (autotune.py)."""
+        from .autotune import Params
+        tuner = self.tuner
+        if tuner is not None and tuner.pending is not None:
+            words = tuner.pending.encode(tuner.final)
+        else:
+            words = np.zeros(5, np.float64)
+        req = self.negotiation.request = self.comm.Ibcast([words, MPI.DOUBLE], root=0)
+        if not req.Test():
+            wait_request(req, self.negotiation._raise_if_stopped)
+        self.negotiation.request = None
+        params, final = Params.decode(words)
+        self.cycle_time = params.cycle_time_ms / 1000.0
+        self.executors.retune(params.fusion_threshold, params.hierarchical_allreduce)
+        self.negotiation.cache.enable(params.cache_enabled)
+        self.tuned.append(params)
+        if tuner is not None:
+            self.negotiation.retune = 0
+            if final:
+                tuner.close()
+                self.tuner = None
+            else:
+                tuner.applied(params)
 
     # ----------------------------------------------------------------------------- ending, failures
     def _fail_everything(self, exc: BaseException) -> None:

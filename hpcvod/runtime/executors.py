@@ -1,8 +1,8 @@
 """The executors of one lane: host memory over MPI (host.py), device memory over NCCL (nccl.py).
 
 :class:`Executors` takes the requests a negotiation agreed on, in the agreed order, groups the allreduces
-(one dtype/op/scaling/memory, fused up to ``HPCVOD_FUSION_THRESHOLD`` bytes) and gives each group to the
-executor of its memory. Only the thread that drives the lane calls it.
+(one dtype/op/scaling/memory, fused up to ``HPCVOD_FUSION_THRESHOLD`` bytes; a tensor of ALONE_BYTES or more
+runs alone, in place on its own buffer) and gives each group to the executor of its memory. Only the thread that drives the lane calls it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from .handles import Handle
 from .host import HostOps
 from .response_cache import fuse_key
 from .timeline import Timeline
+
+
+# A tensor this large is reduced alone even when it fits the fusion threshold: packing it would copy it into the
+# fusion buffer and back (two passes over its memory), which costs more than the one MPI call fusion saves. Every
+# member makes the same choice (sizes are part of the agreed signatures).
+ALONE_BYTES = 1 << 20
 
 
 class Executors:
@@ -38,6 +44,12 @@ class Executors:
             ops = self.device_ops = DeviceOps(self.comm, self.set_id, self.host, self.gpu_operations,
                                               self.hierarchical)
         return ops
+
+    def retune(self, fusion_threshold: int, hierarchical: bool) -> None:
+        """Autotune's new fusion threshold and hierarchical switch (every member at the same agreed point)."""
+        self.fusion_threshold = self.host.fusion_threshold = fusion_threshold
+        self.hierarchical = hierarchical
+        self.host.set_hierarchical(hierarchical)
 
     def free(self) -> None:
         """Release the executors' communicators and buffers."""
@@ -94,6 +106,9 @@ class Executors:
             nbytes = 0
             for h in group:
                 n = h.tensor.nbytes
+                if n >= ALONE_BYTES:
+                    self.allreduce_one(h, tl)    # in place on its own buffer (or straight into its result)
+                    continue
                 if chunk and nbytes + n > threshold:
                     self._of(chunk[0]).allreduce(chunk, nbytes, tl)
                     chunk, nbytes = [], 0

@@ -24,6 +24,7 @@ from .tables import MPI_ACTIVITY, scale_into
 from .timeline import MEMCPY_IN, MEMCPY_OUT, QUEUE, Timeline
 
 _perf = time.perf_counter
+_IN_PLACE = MPI.IN_PLACE
 
 POOL_MIN_BYTES = 64 << 10
 HUGE_PAGE = 2 << 20
@@ -94,6 +95,11 @@ class HostOps:
         self._fusion = np.empty(0, np.uint8)     # reusable fusion buffer (grows up to the threshold)
         self.fusion_threshold = fusion_threshold  # the fusion buffer grows up to this
 
+    def set_hierarchical(self, on: bool) -> None:
+        """Switch hierarchical allreduce (autotune); flat where the node split found it cannot help."""
+        topo = self._topology
+        self._hierarchical = on and self.size > 1 and (topo is None or topo.usable)
+
     def free(self) -> None:
         if self._topology is not None:
             self._topology.free()
@@ -147,7 +153,10 @@ class HostOps:
             if h.prescale != 1.0:
                 scale_into(out, h.prescale, out)
             t1 = _perf() if tl is not None else 0.0
-            self.allreduce_in_place(out, h)
+            if self._hierarchical or h.mpi_op is ADASUM_OP:
+                self.allreduce_in_place(out, h)
+            else:                                # the flat call inline: every blocking in-place call
+                comm.Allreduce(_IN_PLACE, [out, h.mpi_type], h.mpi_op)
         else:
             if out is None:
                 out = np.empty_like(a) if a.nbytes < POOL_MIN_BYTES else _results.empty(a.shape, a.dtype)

@@ -33,7 +33,8 @@ from .tables import AVERAGE, arithmetic_dtype, describe_sig, identity_fill, is_b
 NEED_FULL = 1      # some rank holds a request the cache does not know: exchange full lists
 NOT_JOINED = 2     # some rank has not joined yet
 SOME_JOINED = 4    # some rank has joined (it contributes dummies to what the others run)
-FIRST_BIT = 3
+RETUNE = 8         # rank 0's autotuner has a new setting: every member takes it after this negotiation
+FIRST_BIT = 4
 _JOIN = K.JOIN
 
 # A request waiting longer than this forces a full round even when every rank's requests are cached, so
@@ -41,6 +42,9 @@ _JOIN = K.JOIN
 FULL_ROUND_AFTER_SECONDS = 1.0
 DEADLOCK_AFTER_SECONDS = 2.0  # every rank blocked this long on collectives nobody else has: out of step
 SPIN_SECONDS = 0.002          # see wait_request
+
+_SOLO_ENDS = NEED_FULL | SOME_JOINED | RETUNE   # flags that send a solo request through a full _process
+_IN_PLACE, _BYTE, _BOR = MPI.IN_PLACE, MPI.BYTE, MPI.BOR
 
 _perf = time.perf_counter
 _bit_of = operator.attrgetter("entry.bit")
@@ -116,6 +120,8 @@ class Negotiation:
         self._finish = finish
         self._caller_waits = caller_waits
         self._aborted = aborted
+        self.retune = 0                          # RETUNE while rank 0's autotuner has a setting to hand out
+        self.on_retune: Callable[[], None] | None = None   # the lane's: broadcast and apply it (autotune.py)
 
     def pending(self) -> list[Handle]:
         """The requests taken and not yet ready, the pending join included."""
@@ -152,28 +158,29 @@ class Negotiation:
             return False
         if h.unnamed:
             h.key = ("#", h.sig, 0)
-        e = self.cache.get(h.key)
+        cache = self.cache
+        e = cache.get(h.key)
         if e is None or e.sig != h.sig:
             self.waiting[h.name] = h
             return False
         h.entry = e
         mask = e.mask
-        self.cycles += 1
+        cycles = self.cycles = self.cycles + 1
         if self.left is not None:
             self.check_left()
         # the exchange of _exchange, inline: this is the hot path of every blocking call
-        buf = bytearray((NOT_JOINED | (self.cache.all_bits & ~mask)).to_bytes(self.cache.nbytes, "little"))
-        req = self.request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.BYTE], MPI.BOR)
+        buf = bytearray((NOT_JOINED | self.retune | (cache.all_bits & ~mask)).to_bytes(cache.nbytes, "little"))
+        req = self.request = self.comm.Iallreduce(_IN_PLACE, [buf, _BYTE], _BOR)
         if not req.Test():
             wait_request(req, self._raise_if_stopped)
         self.request = None
-        self.agreed = self.cycles
+        self.agreed = cycles
         g = int.from_bytes(buf, "little")
-        if g & (NEED_FULL | SOME_JOINED) or g & mask:
+        if g & _SOLO_ENDS or g & mask:
             self.waiting[h.name] = h
             self._process(g, False, False, mask)      # the others want more than this request
             return False
-        e.last = self.cycles
+        e.last = cycles
         return True
 
     # ---------------------------------------------------------------------------------- one cycle
@@ -240,7 +247,7 @@ class Negotiation:
                 if h.t_submit < old:
                     need_full = True
         joined = self.join.handle is not None
-        word = SOME_JOINED if joined else NOT_JOINED | (cache.all_bits & ~mine)
+        word = (SOME_JOINED if joined else NOT_JOINED | (cache.all_bits & ~mine)) | self.retune
         if need_full:
             word |= NEED_FULL
         fresh_join = self.join.take_fresh()
@@ -260,10 +267,14 @@ class Negotiation:
         return int.from_bytes(buf, "little")
 
     def _process(self, g: int, joined: bool, fresh_join: bool, mine: int) -> None:
-        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it.
+        """Derive what is ready from the negotiation result ``g`` (identically on every member) and run it;
+        then, when rank 0 asked for it, every member takes the autotuner's new setting (the same point of the
+        agreed order everywhere). ``mine``: the bits of this rank's cached requests in this negotiation."""
+        self._run_ready(g, joined, fresh_join, mine)
+        if g & RETUNE and self.on_retune is not None:
+            self.on_retune()
 
-        ``mine``: the bits of this rank's cached requests in this negotiation.
-        """
+    def _run_ready(self, g: int, joined: bool, fresh_join: bool, mine: int) -> None:
         t_agreed = _perf()
         waiting = self.waiting
         everything = False                       # every waiting request of mine is ready

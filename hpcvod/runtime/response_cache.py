@@ -53,6 +53,8 @@ class ResponseCache:
 
     def __init__(self, capacity: int, first_bit: int) -> None:
         self.capacity = capacity
+        self.configured = capacity         # the capacity when enabled (autotune turns the cache off and on)
+        self._first_bit = first_bit
         self._entries: dict[Any, CacheEntry] = {}
         self.get = self._entries.get       # key -> entry or None (the hot path: no method of our own)
         self._by_bit: dict[int, CacheEntry] = {}
@@ -98,6 +100,18 @@ class ResponseCache:
         self._by_bit[bit] = e
         self.all_bits |= e.mask
         return e
+
+    def enable(self, on: bool) -> None:
+        """Turn the cache on (its configured capacity) or off (forgetting every entry). Called by every member
+        at the same point of the agreed order (autotune), so the content stays the same everywhere."""
+        self.capacity = self.configured if on else 0
+        if not on:
+            self._entries.clear()          # in place: ``get`` stays bound to it
+            self._by_bit.clear()
+            self._free_bits = []
+            self._next_bit = self._first_bit
+            self.all_bits = 0
+            self.nbytes = 8
 
     def drop(self, key: Any) -> None:
         """Forget ``key`` (its request mismatched); its bit is reused first."""

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from . import gpu
+from .autotune import autotune_log, make_autotuner
 from .config import Settings, settings_disagreement
 from .errors import (HpcvodConfigError, HpcvodError, HpcvodInputError, HpcvodMismatchError,
                      HpcvodRankFailureError, HpcvodShutdownError, HpcvodStallError)
@@ -80,12 +81,17 @@ class Runtime:
                 timeline = open_timeline(settings.timeline, rank, settings.timeline_mark_cycles)
             except HpcvodInputError as err:
                 cannot_open = f"HPCVOD_TIMELINE={settings.timeline!r}: {err}"
+        tune_log = None
+        if settings.autotune and settings.autotune_log and rank == 0 and not cannot_open:
+            tune_log, cannot_open = autotune_log(settings.autotune_log)
         everyone = self.comm.allgather((me, local_size, settings.shared(), os.getpid(), cannot_open))
         problem = (settings_disagreement([shared for _, _, shared, _, _ in everyone])
                    or next((said for *_, said in everyone if said), None))
         if problem:
             if timeline is not None:
                 timeline.close()
+            if tune_log is not None:
+                tune_log.close()
             raise HpcvodConfigError(problem)
         self.info = WorldInfo(
             rank=rank, size=size, local_rank=local_rank, local_size=local_size,
@@ -95,6 +101,8 @@ class Runtime:
         gpu.pin(local_rank)      # torch / CuPy / TF, where imported, use GPU local_rank (HPCVOD_PIN_GPU=0: no)
         lane = Lane(self.comm.Dup(), 0, list(range(size)), settings)
         self.lanes[0] = lane
+        if settings.autotune and rank == 0:
+            lane.tuner = make_autotuner(settings, len({host for host, _, _, _, _ in everyone}) > 1, tune_log)
         global_process_set._register(0, list(range(size)), rank, lane)
         self.sets[0] = global_process_set
         if timeline is not None:
