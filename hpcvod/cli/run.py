@@ -30,15 +30,13 @@ from hpcvod.support.shell import parse_env, shell_join
 
 # horovodrun's --log-level choices
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-_NO_AUTOTUNE = "hpcvod has no autotuning yet: set --fusion-threshold-mb and --cycle-time-ms yourself"
+_NO_BAYES = "hpcvod's autotune searches one knob at a time, not by Bayesian optimization (docs/runtime.md)"
 _ELASTIC = "hpcvod run starts a fixed world; elastic training runs inside it with hvd.elastic.run (docs/elastic.md)"
 _TIMESTAMP = "hpcvod labels each line with its rank and stream, without a timestamp"
 # horovodrun's flags hpcvod run does not take -> why, and what to give instead (the nearest of hpcvod run's own
 # flags is added to each line: refused_line)
 HOROVODRUN_REFUSED = {
-    "--autotune": _NO_AUTOTUNE, "--autotune-log-file": _NO_AUTOTUNE, "--autotune-warmup-samples": _NO_AUTOTUNE,
-    "--autotune-steps-per-sample": _NO_AUTOTUNE, "--autotune-bayes-opt-max-samples": _NO_AUTOTUNE,
-    "--autotune-gaussian-process-noise": _NO_AUTOTUNE,
+    "--autotune-bayes-opt-max-samples": _NO_BAYES, "--autotune-gaussian-process-noise": _NO_BAYES,
     "--gloo-timeout-seconds": "hpcvod runs over MPI, without Gloo; MPI's start-up limit: --start-timeout",
     "--num-nccl-streams": "hpcvod's NCCL operations use one stream per rank",
     "--tcp": "hpcvod does not pick the MPI's transport; choose the interface with --network-interface",
@@ -115,7 +113,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     group.add_argument("--stall-check-shutdown-time-seconds", type=int, help="HPCVOD_STALL_SHUTDOWN_TIME_SECONDS")
     group.add_argument("--no-stall-check", action="store_true", help="HPCVOD_STALL_CHECK_DISABLE=1")
     group.add_argument("--stall-check", dest="no_stall_check", action="store_false", help="the default")
-    group.add_argument("--no-autotune", action="store_true", help="the default: hpcvod has no autotuning (yet)")
+    group.add_argument("--autotune", action="store_true", help="tune fusion, cycle time, cache and hierarchical "
+                       "allreduce while training (HPCVOD_AUTOTUNE=1)")
+    group.add_argument("--no-autotune", dest="autotune", action="store_false", help="the default")
+    group.add_argument("--autotune-log-file", help="rank 0 logs each autotune trial here (HPCVOD_AUTOTUNE_LOG)")
+    group.add_argument("--autotune-warmup-samples", type=int, help="HPCVOD_AUTOTUNE_WARMUP_SAMPLES")
+    group.add_argument("--autotune-steps-per-sample", type=int, help="HPCVOD_AUTOTUNE_STEPS_PER_SAMPLE")
     own = [flag for action in p._actions for flag in action.option_strings]  # argparse has no public API for it
     for flag, why in HOROVODRUN_REFUSED.items():
         p.add_argument(flag, action=Refused, nargs=0 if flag in _SWITCHES else "?", help=argparse.SUPPRESS,
@@ -124,7 +127,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 # horovodrun's refused flags that take no value (the others swallow one, as in horovodrun, before the refusal)
-_SWITCHES = {"--autotune", "--tcp", "--jsrun", "--hierarchical-allgather", "--no-hierarchical-allgather",
+_SWITCHES = {"--tcp", "--jsrun", "--hierarchical-allgather", "--no-hierarchical-allgather",
              "--torus-allreduce", "--no-torus-allreduce", "--mpi-threads-disable", "--no-mpi-threads-disable",
              "--log-with-timestamp", "--log-without-timestamp", "--log-hide-timestamp", "--no-log-hide-timestamp",
              "--prefix-output-with-timestamp", "-prefix-timestamp"}
@@ -263,6 +266,17 @@ def runtime_settings(args: argparse.Namespace) -> dict[str, str]:
         out["HPCVOD_TIMELINE_MARK_CYCLES"] = "1"
     if args.no_stall_check:
         out["HPCVOD_STALL_CHECK_DISABLE"] = "1"
+    if args.autotune:
+        out["HPCVOD_AUTOTUNE"] = "1"
+    if args.autotune_log_file:
+        out["HPCVOD_AUTOTUNE_LOG"] = str(Path(args.autotune_log_file).absolute())
+    if args.autotune_warmup_samples is not None:
+        out["HPCVOD_AUTOTUNE_WARMUP_SAMPLES"] = str(bounded(
+            "--autotune-warmup-samples", args.autotune_warmup_samples, config.AUTOTUNE_WARMUP_SAMPLES, "samples"))
+    if args.autotune_steps_per_sample is not None:
+        out["HPCVOD_AUTOTUNE_STEPS_PER_SAMPLE"] = str(bounded(
+            "--autotune-steps-per-sample", args.autotune_steps_per_sample, config.AUTOTUNE_STEPS_PER_SAMPLE,
+            "steps"))
     if args.start_timeout is not None:
         out["HPCVOD_INIT_TIMEOUT"] = str(bounded("--start-timeout", args.start_timeout, config.INIT_TIMEOUT,
                                                  "a time in seconds"))

@@ -24,7 +24,8 @@ PROBE = """
 import json, os, sys
 from mpi4py import MPI
 keys = ("HPCVOD_INIT_TIMEOUT", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "HPCVOD_HIERARCHICAL_ALLREDUCE",
-        "HPCVOD_TIMELINE_MARK_CYCLES", "HPCVOD_STALL_CHECK_DISABLE", "HPCVOD_CACHE_CAPACITY")
+        "HPCVOD_TIMELINE_MARK_CYCLES", "HPCVOD_STALL_CHECK_DISABLE", "HPCVOD_CACHE_CAPACITY", "HPCVOD_AUTOTUNE",
+        "HPCVOD_AUTOTUNE_LOG", "HPCVOD_AUTOTUNE_STEPS_PER_SAMPLE")
 rank = MPI.COMM_WORLD.rank
 os.write(1, (json.dumps({"rank": rank, "env": {k: os.environ.get(k) for k in keys}}) + "\\n").encode())
 print(f"to stderr from {rank}", file=sys.stderr)
@@ -175,6 +176,16 @@ def test_runtime_switches_reach_every_rank(tmp_path):
     assert [env["HPCVOD_CACHE_CAPACITY"] for env in _environments(done)] == [None, None]
 
 
+def test_autotune_flags_reach_every_rank(tmp_path):
+    done = _run("mpich", tmp_path, "-np", "2", "--autotune", "--autotune-log-file", "tune.csv",
+                "--autotune-steps-per-sample", "5", "probe.py")
+    for env in _environments(done):
+        assert env["HPCVOD_AUTOTUNE"] == "1" and env["HPCVOD_AUTOTUNE_STEPS_PER_SAMPLE"] == "5"
+        assert env["HPCVOD_AUTOTUNE_LOG"] == str(tmp_path / "tune.csv")   # absolute: the ranks' cwd may differ
+    done = _run("mpich", tmp_path, "-np", "2", "--no-autotune", "probe.py")
+    assert [env["HPCVOD_AUTOTUNE"] for env in _environments(done)] == [None, None]
+
+
 def test_single_dash_hostfile_as_horovodrun_spells_it(tmp_path):
     (tmp_path / "hosts").write_text("h1 slots=1\nh2 slots=1\n")
     done = _run("mpich", tmp_path, "-np", "3", "-hostfile", "hosts", "probe.py")
@@ -182,8 +193,9 @@ def test_single_dash_hostfile_as_horovodrun_spells_it(tmp_path):
 
 
 @pytest.mark.parametrize("args,line", [
-    (["--autotune"], "--autotune: not an hpcvod option: horovodrun's flag; hpcvod has no autotuning yet: set "
-                     "--fusion-threshold-mb and --cycle-time-ms yourself"),
+    (["--autotune-bayes-opt-max-samples", "20"], "--autotune-bayes-opt-max-samples: not an hpcvod option: "
+     "horovodrun's flag; hpcvod's autotune searches one knob at a time, not by Bayesian optimization"),
+    (["--autotune-steps-per-sample", "0"], "--autotune-steps-per-sample 0: expected steps from 1 to 100000"),
     (["--gloo-timeout-seconds", "30"], "MPI's start-up limit: --start-timeout"),
     (["--num-nccl-streams", "2"], "--num-nccl-streams: not an hpcvod option: horovodrun's flag; hpcvod's NCCL "
                                   "operations use one stream per rank"),
