@@ -125,3 +125,18 @@ def test_a_log_that_cannot_be_written_is_one_line_on_every_rank(mpich: MpiFlavou
                          f"there: No such file or directory (expected a writable file path)"], ranks.explain()
     assert "Traceback" not in ranks.stderr, ranks.explain()
     assert not path.parent.exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_large_tensor_is_reduced_alone_not_packed_with_the_small_ones(mpich: MpiFlavour, tmp_path: Path) -> None:
+    """executors.ALONE_BYTES: a 1 MiB tensor between two small ones of one grouped allreduce gets its own MPI
+    call on its own buffer (packing it would copy it into the fusion buffer and back); the small ones fuse."""
+    timeline = tmp_path / "tl.json"
+    ranks = mpich.run_single("w_fusion_alone.py", env={"HPCVOD_TIMELINE": str(timeline), "HPCVOD_WATCHDOG": "0"})
+    assert ranks.returncode == 0, ranks.explain()
+    events = json.loads(timeline.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    calls = sorted((e["args"] for e in events if e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "B"),
+                   key=lambda args: args["bytes"])
+    assert calls == [{"fused": 2, "bytes": 2048}, {"fused": 2, "bytes": 2048}, {"bytes": 1 << 20}], calls
