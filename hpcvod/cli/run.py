@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from hpcvod import __version__
+from hpcvod.cli import run_elastic
 from hpcvod.cli.command import Command
 from hpcvod.support.errors import UserError
 from hpcvod.support.files import read_text_bounded
@@ -31,7 +32,6 @@ from hpcvod.support.shell import parse_env, shell_join
 # horovodrun's --log-level choices
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 _NO_BAYES = "hpcvod's autotune searches one knob at a time, not by Bayesian optimization (docs/runtime.md)"
-_ELASTIC = "hpcvod run starts a fixed world; elastic training runs inside it with hvd.elastic.run (docs/elastic.md)"
 _TIMESTAMP = "hpcvod labels each line with its rank and stream, without a timestamp"
 # horovodrun's flags hpcvod run does not take -> why, and what to give instead (the nearest of hpcvod run's own
 # flags is added to each line: refused_line)
@@ -50,9 +50,6 @@ HOROVODRUN_REFUSED = {
     "--no-torus-allreduce": "hpcvod has no torus allreduce (none is the default)",
     "--mpi-threads-disable": "hpcvod's runtime asks MPI for the thread level it needs",
     "--no-mpi-threads-disable": "hpcvod's runtime asks MPI for the thread level it needs",
-    "--min-np": _ELASTIC, "--min-num-proc": _ELASTIC, "--max-np": _ELASTIC, "--max-num-proc": _ELASTIC,
-    "--slots-per-host": _ELASTIC, "--elastic-timeout": _ELASTIC, "--reset-limit": _ELASTIC,
-    "--blacklist-cooldown-range": _ELASTIC, "--host-discovery-script": _ELASTIC,
     "--log-with-timestamp": _TIMESTAMP, "--log-without-timestamp": _TIMESTAMP, "--log-hide-timestamp": _TIMESTAMP,
     "--no-log-hide-timestamp": _TIMESTAMP, "--prefix-output-with-timestamp": _TIMESTAMP,
     "-prefix-timestamp": _TIMESTAMP,
@@ -119,6 +116,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     group.add_argument("--autotune-log-file", help="rank 0 logs each autotune trial here (HPCVOD_AUTOTUNE_LOG)")
     group.add_argument("--autotune-warmup-samples", type=int, help="HPCVOD_AUTOTUNE_WARMUP_SAMPLES")
     group.add_argument("--autotune-steps-per-sample", type=int, help="HPCVOD_AUTOTUNE_STEPS_PER_SAMPLE")
+    run_elastic.add_arguments(p)
     own = [flag for action in p._actions for flag in action.option_strings]  # argparse has no public API for it
     for flag, why in HOROVODRUN_REFUSED.items():
         p.add_argument(flag, action=Refused, nargs=0 if flag in _SWITCHES else "?", help=argparse.SUPPRESS,
@@ -370,19 +368,21 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
 
     if args.check_build:
         return check_build(sys.stdout, args.verbose)
-    if args.np is None:
+    if args.np is None and not run_elastic.is_elastic(args):
         raise UserError("run: the following arguments are required: -np/--num-proc (see hpcvod run --help)")
     if not program:
         raise UserError("missing COMMAND: hpcvod run -np N [OPTIONS] COMMAND [ARGS...]")
     if args.mpi and re.fullmatch(r"(mpiexec|mpirun)(\.\w+)?", Path(program[0]).name):
         raise UserError(f"--mpi {program[0]}: --mpi is a switch now, as in horovodrun; to choose the launcher give "
                         f"--mpi-launcher {program[0]}")
-    if args.np < 1:
+    if args.np is not None and args.np < 1:
         raise UserError(f"-np {args.np}: expected a positive number of ranks")
+    if not run_elastic.is_elastic(args):
+        run_elastic.elastic_flags_without_elastic(args)
     if args.hosts and args.hostfile:
         raise UserError("-H and --hostfile: give one of them")
     hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
-    if hosts is not None and sum(s for _, s in hosts) < args.np:
+    if hosts is not None and args.np is not None and sum(s for _, s in hosts) < args.np:
         raise UserError(f"-np {args.np}: the hosts offer only {sum(s for _, s in hosts)} slots "
                         f"({', '.join(f'{h}:{s}' for h, s in hosts)})")
     try:
@@ -411,6 +411,8 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
     except ValueError as err:
         raise UserError(f"--mpi-args {args.mpi_args!r}: {err}") from None
     with tempfile.TemporaryDirectory(prefix="hpcvod-run-") as tmp:
+        if run_elastic.is_elastic(args):
+            return run_elastic.run(args, hosts, mpi, program, env, network_args + extra, tmp)
         request = LaunchRequest(
             executable=mpi.launcher, world_size=args.np, nodes=len(hosts) if hosts else 1, tasks_per_node=0,
             hostfile=_write_hostfile(hosts, mpi.flavour, tmp) if hosts else None, single_host=hosts is None,

@@ -4,6 +4,7 @@ timeline control and what happens at exit."""
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 from typing import Any, Iterable, Sequence
@@ -67,6 +68,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             "hpcvod needs MPI_THREAD_SERIALIZED or higher (its engine calls MPI from a background thread); "
             "do not lower mpi4py.rc.thread_level")
     check_mpi_flavour(MPI.Get_library_version())  # the MPI the script promised (HPCVOD_MPI_FLAVOUR)
+    if comm is None and os.environ.get("HPCVOD_ELASTIC_JOIN"):   # spawned into a running elastic job
+        from .elastic import join_running_world
+        comm = join_running_world(MPI)
     if comm is None:
         check_world_size(MPI.COMM_WORLD.Get_size(), MPI.Get_library_version())
         # polled from Python under its own limits, so init()'s deadline below starts once every rank is here

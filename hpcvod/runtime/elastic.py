@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import queue
 import sys
 import threading
 from typing import Any, Callable
 
-from . import context, session
+from collections import Counter
+
+from . import context, elastic_job, elastic_link, session
 from .config import number
 from .errors import (HostsUpdatedInterrupt, HpcvodConfigError, HpcvodError, HpcvodInputError,
                      HpcvodMismatchError, HpcvodNotInitializedError, HpcvodRankFailureError, HpcvodShutdownError,
@@ -179,6 +182,8 @@ class _Elastic:
     def __init__(self) -> None:
         self.inside = False       # inside run(): a failure resets instead of ending the job
         self.start_rank = -1      # the rank this process had when run() first started
+        self.host = os.environ.get("HOROVOD_HOSTNAME", "")   # the driver's name of this rank's host
+        self.world_hosts: list[str] = []   # each rank's host in the current world (hpcvod run's driver only)
 
 
 _elastic = _Elastic()
@@ -243,23 +248,121 @@ def check_fault_tolerant_mpi() -> None:
             "(OMPI_MCA_mpi_ft_enable is not set, so a dead rank would end the job; docs/elastic.md)")
 
 
-def _reset_world(leaving: bool) -> int:
+class ElasticJobEnded(SystemExit):
+    """The driver ended the job at a reset (fewer hosts than --min-np for longer than --elastic-timeout, or the
+    driver gone): said in one line on every rank, which then exits non-zero."""
+
+
+def _reset_world(leaving: bool) -> tuple[int, bool, bool]:
     """Collective over every live rank of the current world: shut the runtime down, shrink the world to the
-    live ranks, split off the leavers and, unless ``leaving``, initialise the runtime over the rest. Returns the
-    number of ranks that stay."""
+    live ranks, split off the leavers (and, under hpcvod run's driver, the ranks of hosts no longer offered),
+    spawn ranks on the hosts the driver adds and, for a rank that stays, initialise the runtime over the new
+    world. Returns (ranks that stay, whether this rank stays, whether ranks were spawned)."""
     from mpi4py import MPI
     rt = context.runtime()
     # a failed world's communicator is revoked and kept by shutdown(); a healthy one (hosts changed) is freed
     old = rt.comm if rt.failed is not None else rt.comm.Dup()
     context.shutdown()
     live = old.Shrink()
-    staying = live.allreduce(0 if leaving else 1)
-    rest = live.Split(MPI.UNDEFINED if leaving else 0, live.Get_rank())
+    stay, stayers, spawn = _next_world(live, leaving)
+    staying = len(stayers)
+    rest = live.Split(0 if stay else MPI.UNDEFINED, live.Get_rank())
     live.Free()
-    if not leaving:
-        context.init(comm=rest)
-        rest.Free()   # init() works on its own duplicate
-    return staying
+    if stay:
+        world = rest
+        if spawn:
+            world = _spawn(MPI, rest, stayers + spawn)
+            rest.Free()
+        if _elastic.world_hosts:
+            _elastic.world_hosts = world.allgather(_elastic.host)
+        context.init(comm=world)
+        world.Free()   # init() works on its own duplicate
+    return staying, stay, bool(spawn)
+
+
+def _next_world(live: Any, leaving: bool) -> tuple[bool, list[str], list[str]]:
+    """Who stays and what is spawned, agreed by every rank of ``live``: (this rank stays, the host of each rank
+    that stays, in rank order, the host of each rank to spawn). Without hpcvod run's driver every rank that is
+    not leaving stays and nothing is spawned; with it, live.rank 0 asks the driver which hosts to use (and names
+    the hosts of ranks that died or failed, which the driver blacklists)."""
+    entries = live.allgather((_elastic.host, leaving))
+    link = elastic_link.current_link()
+    if link is None or not _elastic.world_hosts:
+        return not leaving, [host for host, gone in entries if not gone], []
+    lost = Counter(_elastic.world_hosts) - Counter(host for host, _ in entries)
+    failed = list(lost.elements()) + [host for host, gone in entries if gone]
+    if all(gone for _, gone in entries):   # nobody to plan for: only the blacklist learns of it
+        if live.Get_rank() == 0:
+            link.report_failed(failed)
+        return False, [], []
+    reply = None
+    if live.Get_rank() == 0:
+        reply = link.plan([host for host, gone in entries if not gone], failed)
+    reply = live.bcast(reply)
+    if "error" in reply:
+        print(f"hpcvod: rank {live.Get_rank()}: {reply['error']}", file=sys.stderr, flush=True)
+        _exit_after_finalize(1)
+        raise ElasticJobEnded(1)
+    offered = {host: slots for host, slots in reply["hosts"]}
+    most = reply.get("max_np") or sum(offered.values())
+    used: Counter = Counter()
+    stays = []
+    for host, gone in entries:   # ranks keep their order; a host keeps at most its slots
+        keep = not gone and used[host] < offered.get(host, 0) and sum(used.values()) < most
+        used[host] += keep
+        stays.append(keep)
+    spawn = []
+    for host, slots in reply["hosts"]:
+        spawn += [host] * max(0, min(slots - used[host], most - sum(used.values()) - len(spawn)))
+    return stays[live.Get_rank()], [host for (host, _), keep in zip(entries, stays) if keep], spawn
+
+
+def _spawn(MPI: Any, rest: Any, rank_hosts: list[str]) -> Any:
+    """Start a rank on each host past ``rest``'s in ``rank_hosts`` (MPI_Comm_spawn, one process per host entry),
+    each running the job's program with its Horovod variables, and merge them into one communicator after the
+    ranks of ``rest`` (which keep their state in memory; the new ranks get it from ``state.sync()``)."""
+    program = json.loads(os.environ[elastic_link.COMMAND_VARIABLE])
+    first = rest.Get_size()
+    args, infos = [], []
+    for rank in range(first, len(rank_hosts)):
+        args.append(["-m", "hpcvod.runtime.elastic_start", "--assign", f"{rank}:{','.join(rank_hosts)}", "--",
+                     *program])
+        info = MPI.Info.Create()
+        info.Set("host", rank_hosts[rank])
+        infos.append(info)
+    if rest.Get_rank() == 0:
+        print(f"hpcvod: rank 0: elastic: starting {len(args)} rank(s) on {', '.join(rank_hosts[first:])}",
+              file=sys.stderr, flush=True)
+    inter = rest.Spawn_multiple([sys.executable] * len(args), args, [1] * len(args), infos, root=0)
+    for info in infos:
+        info.Free()
+    merged = inter.Merge(high=False)
+    inter.Disconnect()   # the merged communicator keeps the ranks connected; Open MPI hangs at exit otherwise
+    return merged
+
+
+def join_running_world(MPI: Any) -> Any:
+    """In a rank spawned at a reset (HPCVOD_ELASTIC_JOIN), ``hvd.init()``'s communicator: this rank merged with
+    the ranks that spawned it, after them (the other side of :func:`_spawn`)."""
+    os.environ.pop(elastic_link.JOIN_VARIABLE, None)
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True)
+    parent.Disconnect()
+    _elastic.world_hosts = merged.allgather(_elastic.host)
+    return merged
+
+
+def _exit_after_finalize(code: int) -> None:
+    """Arrange this process's exit with ``code`` after MPI_Finalize, which Open MPI needs to count it as gone
+    rather than failed (registered last, so it runs before mpi4py's and context's exit hooks)."""
+    def finalize_and_exit() -> None:
+        from mpi4py import MPI
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    atexit.register(finalize_and_exit)
 
 
 def _leave(exc: BaseException) -> None:
@@ -275,20 +378,12 @@ def _leave(exc: BaseException) -> None:
             rt.watchdog.report_failure(reason)
     else:   # its world had already failed: still say why this rank leaves
         print(f"hpcvod: rank {me}: {reason}", file=sys.stderr, flush=True)
-    staying = _reset_world(leaving=True)
+    staying, _, _ = _reset_world(leaving=True)
     if staying == 0:
         print(f"hpcvod: rank {me} (rank {_elastic.start_rank} at start): no rank is left in the elastic job; "
               f"it ends with this rank's error", file=sys.stderr, flush=True)
-    code = 0 if staying else (exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
-
-    def finalize_and_exit() -> None:   # registered last, so it runs before mpi4py's and context's exit hooks
-        from mpi4py import MPI
-        if not MPI.Is_finalized():
-            MPI.Finalize()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    atexit.register(finalize_and_exit)
+    _exit_after_finalize(0 if staying else (exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int)
+                                            else 1))
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) -> Callable[..., Any]:
@@ -303,6 +398,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) ->
         notification_manager.register_listener(state)
         if _elastic.start_rank < 0:
             _elastic.start_rank = context.rank()
+        if elastic_link.driver_link(_elastic.host, notification_manager.handle_hosts_updated) is not None \
+                and not _elastic.world_hosts:   # the first world: the driver's slots, in rank order
+            _elastic.world_hosts = elastic_link.expand_slots(os.environ[elastic_link.SLOTS_VARIABLE])
+        elastic_job.world_changed(0)   # a batch job's record for `hpcvod status` (runtime/elastic_job.py)
         was_inside, _elastic.inside = _elastic.inside, True
         resets = 0
         skip_sync = False
@@ -327,7 +426,14 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) ->
                 if limit and resets >= limit:
                     raise HpcvodRankFailureError(RESET_LIMIT_EXCEEDED_MESSAGE.format(limit))
                 resets += 1
-                _reset_world(leaving=False)
+                _, stays, grew = _reset_world(leaving=False)
+                if not stays:   # its host is no longer offered (removed, or more ranks than slots): it ends
+                    print(f"hpcvod: rank {_elastic.start_rank} at start: its host {_elastic.host} is no longer "
+                          f"in the elastic job; it ends", file=sys.stderr, flush=True)
+                    _exit_after_finalize(0)
+                    raise SystemExit(0)
+                skip_sync = skip_sync and not grew   # new ranks take the state from sync()
+                elastic_job.world_changed(resets)   # recorded; too few nodes left ends the job
                 if reset is not None:
                     reset()
                 state.on_reset()

@@ -202,9 +202,12 @@ def test_single_dash_hostfile_as_horovodrun_spells_it(tmp_path):
     (["--tcp"], "choose the interface with --network-interface"),
     (["--binding-args", "--bind-to core"], "give the MPI launcher's binding options with --mpi-args"),
     # no equivalent named: the nearest of hpcvod run's flags by spelling
-    (["--min-num-proc", "2"], "; the nearest of hpcvod run: --num-proc"),
+    # elastic flags: Open MPI only (ULFM), and only in an elastic job
+    (["--min-num-proc", "2"], "elastic hpcvod run: needs the Open MPI flavour (ULFM, mpirun --with-ft ulfm); this "
+                              "MPI is mpich"),
     (["--hierarchical-allgather"], "; the nearest of hpcvod run: --hierarchical-allreduce"),
-    (["--elastic-timeout", "60"], "; the nearest of hpcvod run: --start-timeout"),
+    (["--elastic-timeout", "60"], "--elastic-timeout: only for an elastic job; give --min-np or "
+                                  "--host-discovery-script too"),
     (["--start-timeout", "-1"], "--start-timeout -1: expected a time in seconds from 0 to 2592000"),
     (["--mpi", "/usr/bin/mpiexec"], "--mpi is a switch now, as in horovodrun; to choose the launcher give "
                                     "--mpi-launcher /usr/bin/mpiexec"),
