@@ -129,6 +129,9 @@ class Scheduler:
     # one machine (local: no hosts, and the node's CPU count is no limit).
     hostfile: ClassVar[str | None] = None
     single_host: ClassVar[bool] = False
+    # Every rank starts in the scheduler's own container image (kubernetes' pods): the profile must name the
+    # image's MPI, launcher and Python, since nothing of the submitting machine is there.
+    runs_in_image: ClassVar[bool] = False
     # The batch system's own launcher kind (Slurm: srun), which no other scheduler's jobs can use.
     own_launcher: ClassVar[str | None] = None
     # What every one of its job ids starts with ("" for none): on a single-host scheduler, a JOB of another form

@@ -185,6 +185,7 @@ class KubernetesScheduler(Scheduler):
     job_id_pattern = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # the MPIJob's name: a DNS-1035 label
     job_id_example = "train or resnet50-run2"
     hostfile = HOSTFILE
+    runs_in_image = True
     refusal_hints = dict.fromkeys(option_names(), "an MPIJob has no such field; ask the site's admin for "
                                   "scheduler_options (node_selector, tolerations)")
     data_service_refusal = ("an MPIJob has one launcher and one kind of worker: submit the compute job and the "

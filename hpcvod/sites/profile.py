@@ -30,6 +30,7 @@ class SchedulerTraits(Protocol):
 
     Options: type  # the dataclass of the profile's ``scheduler_options``
     single_host: bool  # every rank runs on this machine: the only scheduler 'auto' resources fit
+    runs_in_image: bool  # the scheduler starts every rank in its own container image (kubernetes' pods)
 
     def launcher_kinds(self) -> Sequence[str]:
         """The ``launcher.kind`` values that can start ranks in this scheduler's allocations."""
@@ -227,6 +228,16 @@ def profile_problems(profile: SiteProfile, schedulers: Schedulers) -> list[Profi
         problem(("launcher", "mpi_plugin"), f"only applies to kind 'srun', not {launcher.kind!r}")
     if profile.interconnect.gid_index is not None and profile.interconnect.kind != "roce":
         problem(("interconnect", "gid_index"), f"only applies to kind 'roce', not {profile.interconnect.kind!r}")
+    if traits.runs_in_image:  # nothing of this machine's is there: the MPI and the Python are the image's
+        if profile.mpi.flavour == AUTO:
+            problem(("mpi", "flavour"), f"'auto' finds the MPI of this machine; scheduler {profile.scheduler!r} "
+                    "runs the ranks in its image: name the image's MPI (openmpi, intelmpi or mpich)")
+        if launcher.executable == AUTO:
+            problem(("launcher", "executable"), f"'auto' finds this machine's launcher; scheduler "
+                    f"{profile.scheduler!r} runs it in its image: give its name (mpirun, mpiexec) or path there")
+        if profile.python is None:
+            problem(("python",), f"missing: scheduler {profile.scheduler!r} runs the program in its image, not with "
+                    "the Python running hpcvod: give the image's Python (e.g. python3)")
     if profile.container.runtime == "pyxis" and launcher.kind != "srun":
         problem(("container", "runtime"), "pyxis runs through srun: it needs launcher.kind 'srun'")
     if profile.container.runtime == "charliecloud":

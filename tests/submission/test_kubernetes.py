@@ -310,6 +310,12 @@ BAD_PROFILES = [
     ("workdir: workspace", "scheduler_options.workdir: expected an absolute path"),
     ("gpu_resource: 'nvidia gpu'", "scheduler_options.gpu_resource: expected an extended resource name"),
 ]
+# the image's MPI and Python cannot be found on the submitting machine: 'auto' and a missing python are refused
+IMAGE_PROFILES = [
+    ("mpi:\n  flavour: auto\n", "mpi.flavour: 'auto' finds the MPI of this machine"),
+    ("launcher:\n  kind: mpirun\n  executable: auto\n", "launcher.executable: 'auto' finds this machine's launcher"),
+    ("python: null\n", "python: missing: scheduler 'kubernetes' runs the program in its image"),
+]
 
 
 @pytest.mark.parametrize("line,message", BAD_PROFILES, ids=[b[0][:30] for b in BAD_PROFILES])
@@ -322,6 +328,17 @@ def test_bad_profile_is_one_line_exit_2(cli, kubectl, tmp_path, line, message):
     assert len(err.strip().splitlines()) == 1, err
     assert message in err
     assert calls() == [] and not (tmp_path / "hpcvod-jobs").exists()
+
+
+@pytest.mark.parametrize("keys,message", IMAGE_PROFILES, ids=["flavour", "executable", "python"])
+def test_what_only_the_image_knows_must_be_named(cli, kubectl, tmp_path, keys, message):
+    _, calls = kubectl
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "bad.yaml").write_text(f"extends: k8s\n{keys}")
+    code, out, err = cli("submit", "--site", "bad.yaml", "train.py")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert calls() == []
 
 
 @pytest.mark.parametrize("args,message", [

@@ -47,9 +47,10 @@ def test_each_launcher_is_picked_for_its_kind_and_flavour(name: str, kind: str, 
 
 
 def _site_for(tmp_path: Path, kind: str, flavour: str):
-    """A cluster profile whose launcher is ``kind`` under the first multi-node scheduler that can run it."""
+    """A cluster profile whose launcher is ``kind`` under the first multi-node batch scheduler that can run it (not
+    one that runs the ranks in its own image, kubernetes: its profile needs an image)."""
     scheduler = next((name for name, cls in sorted(SCHEDULER_OPTIONS.items())
-                      if kind in cls.launcher_kinds() and not cls.single_host), "pbs")
+                      if kind in cls.launcher_kinds() and not cls.single_host and not cls.runs_in_image), "pbs")
     srun = kind == "srun"
     plugin = "pmix" if flavour == "openmpi" else "pmi2"  # the PMI each MPI speaks to srun (docs/sites.md)
     text = (f"scheduler: {scheduler}\npartitions:\n  gpu:\n    cpus_per_node: 32\n    gpus_per_node: 4\n"
