@@ -49,6 +49,12 @@ def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op:
         outs = rt.grouped_allreduce([device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
                                     postscale_factor=post, process_set=ps)
         return [tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
+    if op == rt.Adasum:
+        # a dot product per tensor (Horovod's fused Adasum): the runtime's fusion keeps the tensors apart, one
+        # packed buffer would make them one vector
+        bufs = [aligned_copy(t) for t in tensors]
+        rt.grouped_allreduce_(bufs, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+        return [tensor_out(b) for b in bufs]
     arrays = [numpy_in(t) for t in tensors]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
