@@ -20,14 +20,14 @@ import sys
 from typing import Sequence
 
 from hpcvod import __version__
-from hpcvod.cli import cancel, doctor, jobs, logs, render, run, sites, status, submit, timeline
+from hpcvod.cli import cancel, doctor, image, jobs, logs, render, run, sites, status, submit, timeline
 from hpcvod.cli.command import Command
 from hpcvod.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, split_program
 from hpcvod.support.errors import UserError, one_line
 
 # Every command, once, in the order `hpcvod --help` lists them
 COMMANDS: tuple[Command, ...] = tuple(module.COMMAND for module in (submit, render, status, cancel, logs, jobs, sites,
-                                                                     run, timeline, doctor))
+                                                                     run, timeline, doctor, image))
 COMMAND_BY_NAME = {command.name: command for command in COMMANDS}
 
 

@@ -66,7 +66,7 @@ def _container_pmi_problems(profile: SiteProfile) -> list[ProfileError]:
     """Intel MPI under srun loads I_MPI_PMI_LIBRARY inside the container: a path no mount brings in is missing."""
     library = profile.mpi.pmi_library
     if (profile.container.runtime is None or profile.launcher.kind != "srun" or profile.mpi.flavour != "intelmpi"
-            or not library or any(_mounted(library, mount) for mount in profile.container.mounts)):
+            or not library or any(mounted(library, mount) for mount in profile.container.mounts)):
         return []
     folder = library.rsplit("/", 1)[0] or "/"
     return [ProfileError(("mpi", "pmi_library"),
@@ -75,7 +75,7 @@ def _container_pmi_problems(profile: SiteProfile) -> list[ProfileError]:
                          f"(e.g. {folder})")]
 
 
-def _mounted(path: str, mount: str) -> bool:
+def mounted(path: str, mount: str) -> bool:
     """Whether a mount ``SRC[:DST[:OPTIONS]]`` shows the host's ``path`` at the same path in the container."""
     parts = mount.split(":")
     source = parts[0].rstrip("/") or "/"

@@ -22,17 +22,20 @@ PACKAGE = Path(hpcvod.__file__).parent
 ABOVE = {
     # the error type and the file helpers every room uses: the ground floor, it imports no other room
     "support": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.sites",
-                "hpcvod.machine"),
-    "sites": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.machine"),
+                "hpcvod.machine", "hpcvod.containers"),
+    "sites": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.machine",
+              "hpcvod.containers"),
     # this machine's facts, MPI detection and doctor: below the launchers, beside the sites
-    "machine": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers"),
+    "machine": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.containers"),
+    # container runtimes' words, images, their checks at submit: used by jobs (the plan) and cli (`hpcvod image`)
+    "containers": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers"),
     "schedulers": ("hpcvod.cli", "hpcvod.jobs"),
     "launchers": ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers"),
 }
 
 
 SUBMISSION_SIDE = ("hpcvod.cli", "hpcvod.jobs", "hpcvod.schedulers", "hpcvod.launchers", "hpcvod.sites",
-                   "hpcvod.machine")
+                   "hpcvod.machine", "hpcvod.containers")
 # the worker side: the runtime, the frameworks and the packages users import (`import hpcvod.torch as hvd`)
 WORKER_SIDE = tuple(name for name in ("runtime", "frameworks", "torch", "tensorflow", "keras", "mxnet", "common")
                     if (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file())
