@@ -197,7 +197,8 @@ def split_program(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[lis
     takes_value = {}
     for action in parser._actions:  # argparse has no public API for this
         for flag in action.option_strings:
-            takes_value[flag] = action.nargs != 0
+            # how many words follow the flag: nargs=2 (--blacklist-cooldown-range MIN MAX) takes two
+            takes_value[flag] = action.nargs if isinstance(action.nargs, int) else 1 if action.nargs != 0 else 0
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -207,7 +208,7 @@ def split_program(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[lis
             return argv[:i], argv[i:]
         flag = word.split("=", 1)[0]
         if takes_value.get(flag) and "=" not in word and not (len(flag) == 2 and len(word) > 2):
-            i += 1  # the option's value
+            i += takes_value[flag]  # the option's value(s)
         i += 1
     return argv, []
 
