@@ -139,6 +139,8 @@ def _short_q(args: argparse.Namespace, site) -> None:
 def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
     p.add_argument("--nodes", "-N", type=int, help="number of nodes (default 1)")
+    p.add_argument("--min-nodes", type=int, metavar="M", help="elastic (hvd.elastic.run): the job survives a failed "
+                   "node and trains on while M nodes are left (Slurm with Open MPI's mpirun; docs/elastic.md)")
     p.add_argument("--gpus-per-node", "-G", type=int, metavar="N",
                    help="GPUs PER NODE, one rank each (default: every GPU of the partition's nodes; -G 0: CPU ranks "
                    "on a GPU partition). For a total as sbatch's --gpus, use --gpus")
@@ -226,7 +228,7 @@ def _job_spec(args: argparse.Namespace, program: list[str]) -> JobSpec:
                    partition=args.partition, account=args.account, job_name=args.job_name, env=env,
                    container=args.container, secret_env=secret_env, shared_job_dir=args.shared_job_dir,
                    options=job_options({name: getattr(args, name) for name in option_names()}),
-                   data_service=data_service)
+                   data_service=data_service, min_nodes=args.min_nodes)
 
 
 def _data_service_spec(args: argparse.Namespace) -> DataServiceSpec | None:

@@ -22,6 +22,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> int:
+    from hpcvod.jobs.elastic import job_min_nodes, job_worlds, status_lines
     from hpcvod.jobs.submission import array_task_states, component_states, job_status
 
     ref = job_ref(args.job, args.site)
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
         status = job_status(ref)
     tasks = array_task_states(ref)
     parts = component_states(ref)
+    min_nodes = job_min_nodes(ref.job_dir)  # an elastic job (submit --min-nodes): its worlds, as its ranks wrote them
+    worlds = job_worlds(ref.job_dir) if min_nodes else []
     if args.json:
         print_json({"job_id": ref.job_id, "state": status.state, "raw": status.raw, "exit_code": status.exit_code,
                      "reason": status.reason, "source": status.source, "site": ref.site, "scheduler": ref.scheduler,
@@ -42,7 +45,10 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
                      **({"tasks": [{"index": i, "state": t.state, "exit_code": t.exit_code, "raw": t.raw}
                                    for i, t in tasks]} if tasks else {}),
                      **({"components": [{"part": name, "state": c.state, "exit_code": c.exit_code, "raw": c.raw}
-                                        for name, c in parts]} if parts else {})})
+                                        for name, c in parts]} if parts else {}),
+                     **({"elastic": {"min_nodes": min_nodes, "worlds": [
+                         {"time": w.time, "reset": w.reset, "size": w.size, "nodes": list(w.nodes)} for w in worlds]}}
+                        if min_nodes else {})})
         return EXIT_OK
     line = f"{ref.job_id}  {status.state}"
     if status.exit_code is not None:
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
     for index, (name, part) in enumerate(parts):  # a heterogeneous job: the compute part and the training
         print(one_line(f"  component {index} ({name})  {part.state}"
                        + (f"  exit={part.exit_code}" if part.exit_code is not None else "")))
+    for line in status_lines(min_nodes, worlds) if min_nodes else []:
+        print(one_line(line))
     return EXIT_FAILED if args.wait and status.state != "COMPLETED" else EXIT_OK
 
 

@@ -47,7 +47,7 @@ from hpcvod.sites.loader import Site, discover_site
 
 WORKER = Path(__file__).resolve().parent / "submitit_worker.py"
 # the job options (exclusive, mem, qos, dependency...) by their field names in hpcvod/sites/joboptions.py
-PARAMETERS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account",
+PARAMETERS = ("nodes", "min_nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account",
               "job_name", "env", "container", "secret_env", "shared_job_dir", *option_names(), "data_service_nodes",
               *DATA_SERVICE_OPTIONS)
 RESULT_GRACE_SECONDS = 15  # a shared file system may show the result pickle a little after the job ended
@@ -155,7 +155,9 @@ class HpcvodExecutor(core.PicklingExecutor):
     nodelist, exclude, begin, mail_type, mail_user, dependency, sched_opt (a list) (docs/submission.md), and a
     tf.data service compute job beside the call's ranks: data_service_nodes, data_service_partition,
     data_service_tasks_per_node, data_service_dispatchers, data_service_dispatcher_side (docs/data-service.md; the
-    call finds the config in $HPCVOD_DATA_SERVICE_CONFIG). ``array`` is refused: one call is one job here
+    call finds the config in $HPCVOD_DATA_SERVICE_CONFIG), and min_nodes (an elastic job: it survives a failed
+    node and the call, under ``hvd.elastic.run``, trains on while that many nodes are left; docs/elastic.md).
+    ``array`` is refused: one call is one job here
     (``executor.batch()`` submits several).
     """
 

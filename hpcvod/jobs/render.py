@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hpcvod.jobs.elastic import EVENTS_FILE as ELASTIC_EVENTS_FILE
 from hpcvod.jobs.plan import LaunchPlan
 from hpcvod.support.shell import Verbatim, shell_quote
 from hpcvod.schedulers.base import DATA_SERVICE_CONFIG, DATA_SERVICE_LOG
@@ -84,6 +85,7 @@ def render(plan: LaunchPlan, template: str, job_folder: bool = True) -> str:
         "part_hostfiles": [Verbatim(h) for h in plan.data_service.hostfiles]
         if plan.data_service and plan.data_service.hostfiles else None,
         "data_service_log": Verbatim(DATA_SERVICE_LOG), "data_service_config": Verbatim(DATA_SERVICE_CONFIG),
+        "elastic_events": Verbatim(ELASTIC_EVENTS_FILE),
         "job_folder": job_folder,
     }
     return environment().get_template(template).render(context)

@@ -13,7 +13,7 @@ from hpcvod.sites.joboptions import JobOptions
 _TIME = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)|(\d+)")
 # Set by the script from the plan (docs/contract.md); --env may not override them.
 CONTRACT_ENV = ("HPCVOD_WORLD_SIZE", "HPCVOD_JOB_DIR", "HPCVOD_SITE", "HPCVOD_JOB_NAME", "HPCVOD_ARRAY_INDEX",
-                "HPCVOD_MPI_FLAVOUR", "HPCVOD_DATA_SERVICE_CONFIG")
+                "HPCVOD_MPI_FLAVOUR", "HPCVOD_DATA_SERVICE_CONFIG", "HPCVOD_ELASTIC_EVENTS", "HPCVOD_ELASTIC_MIN_NODES")
 # Names --env and --secret-env may not set (docs/submission.md, "Environment"). Bash's: readonly ones (the job
 # script dies exporting them), ones that change how it reads and runs its own lines (IFS, PS4 under xtrace, a
 # file every later bash sources), and ones whose value bash itself keeps, which an export silently disables.
@@ -100,6 +100,7 @@ class JobSpec:
     shared_job_dir: bool | None = None  # None: the site's jobs.shared_with_group
     options: JobOptions = field(default_factory=JobOptions)  # --exclusive, --mem, --array... (checked already)
     data_service: DataServiceSpec | None = None  # a tf.data service compute job beside the training ranks
+    min_nodes: int | None = None  # elastic: the job goes on while this many of its nodes are left (docs/elastic.md)
 
 
 def parse_time(text: str, flag: str = "--time") -> int:

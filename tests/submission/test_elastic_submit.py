@@ -1,0 +1,100 @@
+"""`submit --min-nodes M` (issue 28 item 3, docs/elastic.md "Batch jobs"): the rendered scripts (golden files: a
+Slurm job started by Open MPI's mpirun with --no-kill, a PBS job with tolerate_node_failures), and the refusals
+(one line, exit status 2, nothing submitted). The job itself losing a node runs in
+tests/cluster/test_slurm_elastic.py.
+
+Regenerate these goldens after an intended change with
+    HPCVOD_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/submission/test_elastic_submit.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from submission_helpers import GOLDEN, NO_USER_CONFIG, golden_host, load_site
+from hpcvod.jobs.plan import resolve
+from hpcvod.jobs.render import render
+from hpcvod.jobs.spec import JobSpec
+from hpcvod.schedulers import scheduler_for
+
+REGEN = os.environ.get("HPCVOD_REGEN_GOLDEN") == "1"
+ARGS = ("--epochs", "3", "--note", "it's a $(test); `x` \"y\"")
+# site -> (nodes, GPUs per node, tasks per node, --min-nodes)
+CASES = {"slurm-sandbox-mpirun": (2, 0, 2, 1), "pbs-ib-openmpi": (4, 4, None, 3)}
+
+
+def rendered(site_name: str) -> str:
+    nodes, gpus, tasks, least = CASES[site_name]
+    site = load_site(site_name, environ=NO_USER_CONFIG)
+    spec = JobSpec(program="train.py", args=ARGS, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
+                   min_nodes=least)
+    command = ["hpcvod", "submit", "--site", site_name, "--nodes", str(nodes), "--min-nodes", str(least),
+               "train.py", *ARGS]
+    plan = resolve(spec, site, golden_host("openmpi", gpus=gpus), command)
+    return render(plan, scheduler_for(site).template)
+
+
+@pytest.mark.parametrize("site", sorted(CASES))
+def test_golden_elastic_scripts(golden_workdir: Path, site: str) -> None:
+    nodes, gpus, *_ = CASES[site]
+    text = rendered(site)
+    path = GOLDEN / "elastic" / f"{site}-{nodes}n{gpus}g.sh"  # a folder of their own: test_golden.py owns *.sh
+    if REGEN:
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed; if intended, regenerate with HPCVOD_REGEN_GOLDEN=1"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    # what makes it elastic, once each: the scheduler keeps the job, mpirun runs the ranks under ULFM, and the
+    # ranks get the minimum and the events file (forwarded by mpirun to every node)
+    keep = "#SBATCH --no-kill" if site.startswith("slurm") else "#PBS -W tolerate_node_failures=all"
+    assert text.count(keep) == 1
+    launch = next(line for line in text.splitlines() if " --with-ft ulfm " in line)
+    for name in ("OMPI_MCA_async_mpi_finalize", "HPCVOD_ELASTIC_MIN_NODES", "HPCVOD_ELASTIC_EVENTS"):
+        assert f"-x {name} " in launch
+    assert f"export HPCVOD_ELASTIC_MIN_NODES={CASES[site][3]}\n" in text
+    assert 'export HPCVOD_ELASTIC_EVENTS="$HPCVOD_JOB_DIR/elastic-events.jsonl"\n' in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--site", "slurm-sandbox-mpirun", "--nodes", "2", "--min-nodes", "3"),
+     "--min-nodes 3: more than the job's --nodes 2; expected 1 to 2"),
+    (("--site", "slurm-sandbox-mpirun", "--nodes", "2", "--min-nodes", "0"),
+     "--min-nodes 0: expected a whole number of nodes from 1 to --nodes (2)"),
+    (("--site", "slurm-sandbox-mpirun", "--nodes", "2", "--min-nodes", "-1"),
+     "--min-nodes -1: expected a whole number of nodes from 1 to --nodes (2)"),
+    (("--site", "slurm-sandbox-mpirun", "--nodes", "2", "--min-nodes", "two"),
+     "argument --min-nodes: invalid int value: 'two'"),
+    (("--site", "slurm-sandbox", "--nodes", "2", "--min-nodes", "1"),
+     "--min-nodes 1: site 'slurm-sandbox' runs mpich, which has no ULFM: the ranks left after a node is lost would "
+     "hang in their next collective"),
+    (("--site", "slurm-sandbox-intelmpi", "--nodes", "2", "--min-nodes", "1"),
+     "--min-nodes 1: site 'slurm-sandbox-intelmpi' runs intelmpi, which has no ULFM"),
+    (("--site", "slurm-sandbox-openmpi", "--nodes", "2", "--min-nodes", "1"),
+     "--min-nodes 1: site 'slurm-sandbox-openmpi' starts ranks with srun; an elastic job needs Open MPI's mpirun "
+     "(launcher.kind: mpirun): under srun, Slurm's pmix plugin ends the whole step"),
+    (("--site", "sge-sandbox", "--min-nodes", "1"),
+     "--min-nodes 1: site 'sge-sandbox': Grid Engine ends a parallel job when one of its hosts goes down"),
+    (("--site", "local", "--min-nodes", "1"),
+     "--min-nodes 1: site 'local': the local site runs every rank on this machine: there is no node to lose"),
+    (("--site", "pbs-ib-openmpi", "--nodes", "2", "--min-nodes", "1", "--data-service-nodes", "1"),
+     "--min-nodes 1: not with --data-service-nodes"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_submitted(cli, tmp_path: Path, args: tuple[str, ...],
+                                                            message: str) -> None:
+    (tmp_path / "train.py").write_text("")
+    # a dry run: a refusal that stopped working must not queue jobs on the test cluster
+    code, out, err = cli("submit", *args, "--dry-run", "train.py")
+    assert code == 2, out + err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "hpcvod-jobs").exists()
+
+
+def test_the_elastic_variables_cannot_be_set_with_env(cli, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    for name in ("HPCVOD_ELASTIC_MIN_NODES", "HPCVOD_ELASTIC_EVENTS"):
+        code, _, err = cli("submit", "--site", "slurm-sandbox", "--env", f"{name}=1", "--dry-run", "train.py")
+        assert code == 2 and f"--env {name}: set by hpcvod itself" in err, err
