@@ -133,6 +133,9 @@ def alltoall(tensor: mx.nd.NDArray, splits: Any = None, name: str | None = None,
     """Scatters slices of ``tensor`` (first dimension) to every rank and gathers what they send; returns the
     gathered NDArray, plus the received splits when ``splits`` is given."""
     if isinstance(splits, mx.nd.NDArray):
+        if not np.issubdtype(splits.dtype, np.integer):
+            # Horovod's op refuses them too (MXNetError): a RuntimeError that is also the ValueError its tests allow
+            raise rt.HpcvodInputError(f"alltoall: splits must be an integer NDArray (int32), got {splits.dtype}")
         splits = splits.asnumpy()
     result = rt.alltoall(_view(tensor, writable=False)[0], splits=splits, name=name, process_set=process_set)
     if splits is None:
