@@ -33,10 +33,38 @@ from _synthetic_driver import interleaved, print_result, table  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- models
+MODELS = ("mlp", "cnn", "transformer")
+VOCAB, TOKENS = 1000, 64
+
+
+def synthetic_batch(name: str, batch_size: int, device):
+    """(inputs, class labels): 32x32x3 images, or ``TOKENS`` token ids for the transformer."""
+    import torch
+
+    if name == "transformer":
+        data = torch.randint(0, VOCAB, (batch_size, TOKENS), device=device)
+    else:
+        data = torch.randn(batch_size, 3, 32, 32, device=device)
+    return data, torch.randint(0, 10, (batch_size,), device=device)
+
+
 def build_model(name: str):
     import torch
     from torch import nn
 
+    if name == "transformer":  # 2 encoder layers over 64 tokens, 1.2 M parameters: many small tensors
+        class Classifier(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(VOCAB, 128)
+                layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True)
+                self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                self.head = nn.Linear(128, 10)
+
+            def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+                return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+        return Classifier()
     if name == "mlp":  # 12.6 M parameters (50 MB of gradients per step): communication matters
         return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), nn.ReLU(), nn.Linear(2048, 2048),
                              nn.ReLU(), nn.Linear(2048, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -91,8 +119,7 @@ def worker(args: argparse.Namespace) -> None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    data = torch.randn(args.batch_size, 3, 32, 32, device=device)
-    target = torch.randint(0, 10, (args.batch_size,), device=device)
+    data, target = synthetic_batch(args.model, args.batch_size, device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step() -> None:
@@ -148,7 +175,7 @@ def driver(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches first")
     parser.add_argument("--iters", type=int, default=4, help="timed iterations")
