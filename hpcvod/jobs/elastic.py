@@ -3,7 +3,10 @@ ranks there are dropped while training goes on (``hvd.elastic.run``) with at lea
 
 What it takes, measured on the Slurm sandbox (2 nodes, Open MPI 5.0.11 / PRRTE 3.0.11, Slurm 22.05):
 
-* ``#SBATCH --no-kill``: Slurm keeps the job when a node of it goes down (without it the whole job ends).
+* ``#SBATCH --no-kill``: Slurm keeps the job when a node of it goes down (without it the whole job ends), and
+  ``--no-kill`` for the ``srun`` step that mpirun starts its daemons with (``--prtemca plm_slurm_args --no-kill``;
+  PRTE_MCA_plm_slurm_args in the environment does not reach it): without it Slurm kills that step when the node
+  is set DOWN, and mpirun then ends every rank, with exit status 0.
   PBS Pro / OpenPBS have the same request, ``-W tolerate_node_failures=all`` (rendered, untested: no PBS server
   runs here).
 * the ranks started by Open MPI's own ``mpirun --with-ft ulfm`` inside the allocation. Under ``srun --mpi=pmix``
@@ -35,6 +38,7 @@ ENV = {"OMPI_MCA_async_mpi_finalize": "1"}   # see the module's docstring
 # The request that keeps a job running when one of its nodes fails: Slurm's --no-kill; PBS Pro's and OpenPBS's
 # job attribute tolerate_node_failures (OpenPBS design PP-928: "all" tolerates sister nodes lost while it runs).
 DIRECTIVES = {"slurm": ("--no-kill",), "pbs": ("-W tolerate_node_failures=all",)}
+SCHEDULER_LAUNCHER_ARGS = {"slurm": ("--prtemca", "plm_slurm_args", "--no-kill")}   # see the module's docstring
 # Why a scheduler without one cannot keep a job through a lost node.
 REFUSALS = {
     "sge": "Grid Engine ends a parallel job when one of its hosts goes down (qsub has no request like Slurm's "
@@ -77,7 +81,8 @@ def elastic_request(min_nodes: int | None, nodes: int, site: str, scheduler: str
     if data_service:
         raise UserError(f"{flag}: not with --data-service-nodes (a compute job beside an elastic training is not "
                         "supported)")
-    return ElasticRequest(min_nodes, LAUNCHER_ARGS, {**ENV, MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler])
+    return ElasticRequest(min_nodes, (*LAUNCHER_ARGS, *SCHEDULER_LAUNCHER_ARGS.get(scheduler, ())),
+                          {**ENV, MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler])
 
 
 @dataclass(frozen=True)

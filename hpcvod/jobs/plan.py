@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from hpcvod import __version__
 from hpcvod.containers.image_check import check_image
 from hpcvod.containers.runtimes import pyxis_srun_args, wrap_words
+from hpcvod.jobs.elastic import EVENTS_ENV, elastic_request
 from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, check_env_name, parse_time
 from hpcvod.launchers import Launcher, LaunchRequest, label_argv, launcher_for, launchers_of_kind
@@ -96,6 +97,7 @@ class LaunchPlan:
     options: JobOptions = dataclasses.field(default_factory=JobOptions)  # per-job scheduler options, resolved
     array_index_var: str | None = None  # the scheduler's variable for an array task's index; None: no array
     data_service: DataServicePart | None = None  # a tf.data service compute job beside the training ranks
+    min_nodes: int | None = None  # elastic (submit --min-nodes): trains on while this many nodes are left
 
     @property
     def env(self) -> dict[str, str]:
@@ -451,6 +453,8 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
 
     # -- the launch line (and the compute job's, beside it)
     launcher = launcher_for(profile.launcher.kind, flavour)
+    elastic = elastic_request(spec.min_nodes, layout.nodes, site.name, profile.scheduler, flavour, launcher.name,
+                              profile.launcher.kind, ds is not None)
     components = ds is not None and scheduler.data_service_layout == "components"
     hostfiles = scheduler.part_hostfiles if ds and scheduler.data_service_layout == "hostfiles" else None
     hostfile = hostfiles[1] if hostfiles else scheduler.hostfile
@@ -459,13 +463,14 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         tasks_per_node=layout.tasks_per_node, cpus_per_task=layout.cpus_per_task,
         mpi_plugin=profile.launcher.mpi_plugin, pmi_library=profile.mpi.pmi_library,
         hostfile=Verbatim(hostfile) if hostfile else None, single_host=scheduler.single_host,
-        forward_env=env.forward, is_root=host.is_root, extra_args=profile.launcher.args,
+        forward_env=(*env.forward, *((*elastic.env, EVENTS_ENV) if elastic else ())), is_root=host.is_root,
+        extra_args=(*profile.launcher.args, *(elastic.launcher_args if elastic else ())),
         srun_container_args=program.srun_container_args, het_group=1 if components else None)
     line = launcher.line(request)
     data_service = (_data_service_part(ds, ds_layout, launcher, request, hostfiles, components, program, env,
                                        seconds, account) if ds and ds_layout else None)
     groups = [("site profile", env.site), ("launcher", line.env), ("hpcvod (docs/contract.md)", env.contract),
-              ("--env", env.user)]
+              ("elastic (submit --min-nodes, docs/elastic.md)", elastic.env if elastic else {}), ("--env", env.user)]
     plan = LaunchPlan(
         site=site.name, site_source=site.source, scheduler=profile.scheduler, job_name=env.job_name,
         scheduler_job_name=safe_name(env.job_name), nodes=layout.nodes, tasks_per_node=layout.tasks_per_node,
@@ -477,9 +482,9 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
         directive_prefix=scheduler.directive_prefix, directives=(), container=program.image or scheduler.image(),
         command=tuple(command), secret_env=env.secret, options=options, array_index_var=array_index_var,
-        data_service=data_service,
+        data_service=data_service, min_nodes=elastic.min_nodes if elastic else None,
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
     generated = (scheduler.data_service_directives(data_service, plan) if data_service
-                 else scheduler.directives(plan))
+                 else scheduler.directives(plan)) + list(elastic.directives if elastic else ())
     directives = apply_directive_overrides(generated, profile.directives.skip, profile.directives.extra)
     return dataclasses.replace(plan, directives=tuple(directives))

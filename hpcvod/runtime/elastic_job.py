@@ -4,11 +4,14 @@ environment only (docs/contract.md), never through the submission side's code:
 * ``HPCVOD_ELASTIC_MIN_NODES``: after a reset, a world on fewer nodes than this ends the job, on every rank, with
   one line and a non-zero status (the survivors would otherwise train on, ever slower, on what is left).
 * ``HPCVOD_ELASTIC_EVENTS``: a file (in the job folder) that rank 0 appends one JSON line to when ``hvd.elastic.run``
-  starts and after each reset: the world's size, its nodes, and the ranks' hosts. ``hpcvod status`` reads it.
+  starts and after each reset: the world's size, its nodes, and the ranks' hosts; and ``{"event": "exit"}`` when
+  that process exits normally. ``hpcvod status`` reads it; the job script checks the last line: mpirun can end
+  every rank and still exit 0 when Slurm takes a failed node's daemons away (docs/elastic.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -36,6 +39,8 @@ def world_changed(resets: int) -> None:
     if path is not None and context.rank() == 0:
         _append(path, {"time": round(time.time(), 3), "event": "reset" if resets else "start", "reset": resets,
                        "size": len(hosts), "nodes": nodes, "hosts": hosts})
+        if not resets:   # registered after the runtime's own exit hook, so it runs before it (and its hard exits)
+            atexit.register(_append, path, {"event": "exit"})
     if resets and len(nodes) < least:   # every rank sees the same hosts: all end together, cleanly
         print(f"hpcvod: rank {context.rank()}: elastic job: {len(nodes)} node{'s' if len(nodes) != 1 else ''} left "
               f"({', '.join(nodes)}), fewer than the {least} it needs (HPCVOD_ELASTIC_MIN_NODES, submit --min-nodes); "

@@ -19,8 +19,9 @@ def test_each_world_is_recorded_for_status_in_a_private_file(tmp_path: Path) -> 
     assert proc.returncode == 0, _explain(proc)
     assert_trained_on(results, [0, 1], AFTER_ONE_FAILURE)
     lines = [json.loads(line) for line in events.read_text().splitlines()]
-    assert [(e["event"], e["reset"], e["size"], len(e["nodes"])) for e in lines] == [("start", 0, 3, 1),
-                                                                                     ("reset", 1, 2, 1)], lines
+    assert [(e["event"], e["reset"], e["size"], len(e["nodes"])) for e in lines[:2]] == [("start", 0, 3, 1),
+                                                                                         ("reset", 1, 2, 1)], lines
+    assert lines[2:] == [{"event": "exit"}], "rank 0's exit record (the job script checks it) is missing"
     assert lines[1]["hosts"] == lines[1]["nodes"] * 2 and lines[0]["time"] <= lines[1]["time"]
     assert stat.S_IMODE(events.stat().st_mode) == 0o600
 
@@ -35,4 +36,4 @@ def test_fewer_nodes_than_the_minimum_after_a_reset_ends_the_job_in_one_line(tmp
         assert (f"hpcvod: rank {rank}: elastic job: 1 node left (") in proc.stderr, _explain(proc)
     assert "fewer than the 2 it needs (HPCVOD_ELASTIC_MIN_NODES, submit --min-nodes); ending the job" in proc.stderr
     assert "Traceback" not in proc.stderr, _explain(proc)
-    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["start", "reset"]
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["start", "reset", "exit"]

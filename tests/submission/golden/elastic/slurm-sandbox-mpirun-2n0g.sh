@@ -53,7 +53,7 @@ rm -f "$HPCVOD_JOB_DIR/exitcode" "$HPCVOD_JOB_DIR/stop-requested" "$HPCVOD_JOB_D
 trap 'echo "hpcvod: time limit near: asking the ranks to checkpoint and stop" >&2; touch "$HPCVOD_JOB_DIR/stop-requested"' USR1
 
 cd /tmp/hpcvod-golden-workdir
-/opt/openmpi/bin/mpiexec -n 4 --map-by ppr:2:node -x NCCL_IB_DISABLE -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x OMPI_MCA_pml -x OMPI_MCA_btl -x HPCVOD_SITE -x HPCVOD_WORLD_SIZE -x HPCVOD_JOB_NAME -x HPCVOD_MPI_FLAVOUR -x HPCVOD_JOB_DIR -x OMPI_MCA_async_mpi_finalize -x HPCVOD_ELASTIC_MIN_NODES -x HPCVOD_ELASTIC_EVENTS --with-ft ulfm /opt/venv/bin/python -m hpcvod.launchers.label -- \
+/opt/openmpi/bin/mpiexec -n 4 --map-by ppr:2:node -x NCCL_IB_DISABLE -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x OMPI_MCA_pml -x OMPI_MCA_btl -x HPCVOD_SITE -x HPCVOD_WORLD_SIZE -x HPCVOD_JOB_NAME -x HPCVOD_MPI_FLAVOUR -x HPCVOD_JOB_DIR -x OMPI_MCA_async_mpi_finalize -x HPCVOD_ELASTIC_MIN_NODES -x HPCVOD_ELASTIC_EVENTS --with-ft ulfm --prtemca plm_slurm_args --no-kill /opt/venv/bin/python -m hpcvod.launchers.label -- \
     /opt/venv/bin/python train.py --epochs 3 --note 'it'"'"'s a $(test); `x` "y"' &
 hpcvod_launcher=$!
 hpcvod_status=0
@@ -62,6 +62,12 @@ while kill -0 "$hpcvod_launcher" 2>/dev/null; do  # the wait above was cut short
     hpcvod_status=0
     wait "$hpcvod_launcher" || hpcvod_status=$?
 done
+# mpirun exits 0 also when it ended the ranks because Slurm took a failed node's daemons away (docs/elastic.md):
+# rank 0 writes an exit record when it really finished
+if [ "$hpcvod_status" = 0 ] && [ -e "$HPCVOD_ELASTIC_EVENTS" ] && ! tail -n 1 "$HPCVOD_ELASTIC_EVENTS" | grep -q '"event": "exit"'; then
+    echo "hpcvod: mpirun ended the elastic job before its rank 0 finished (a failed node's daemons were taken away by Slurm: docs/elastic.md)" >&2
+    hpcvod_status=1
+fi
 if [ "$hpcvod_status" = 0 ] && [ -e "$HPCVOD_JOB_DIR/requeue-requested" ]; then
     echo "hpcvod: the ranks checkpointed and stopped: requeueing job $SLURM_JOB_ID" >&2
     scontrol requeue "$SLURM_JOB_ID"
