@@ -124,6 +124,8 @@ def wait_for(ref: JobRef, stream: IO[str], poll_seconds: float | None = None,
 
     while True:
         status = scheduler.status(ref.job_id, ref.job_dir)
+        if follow is not None or status.finished:  # kubernetes: the launcher pod's log into output.log
+            scheduler.refresh_output(ref.job_id, ref.job_dir)
         if status.state == RUNNING and running_since is None:
             running_since = time.time()
         copy_output(final=status.finished)

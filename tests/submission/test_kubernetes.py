@@ -260,6 +260,21 @@ def test_submit_status_logs_cancel_run_kubectl(cli, kubectl, tmp_path):
     assert json.loads(out)["state"] == CANCELLED
 
 
+def test_submit_wait_show_output_prints_the_launcher_log(cli, kubectl, tmp_path):
+    """submit --wait --show-output: the job's end from the MPIJob's conditions, its output from kubectl logs."""
+    folder, calls = kubectl
+    (tmp_path / "train.py").write_text("")
+    _answer(folder, "create", out="mpijob.kubeflow.org/train\n")
+    _answer(folder, "get", out=json.dumps({"status": {"conditions": [
+        {"type": "Created", "status": "True"}, {"type": "Succeeded", "status": "True", "reason": "MPIJobSucceeded"}],
+        "startTime": "2026-11-25T10:00:00Z", "completionTime": "2026-11-25T10:05:00Z"}}))
+    _answer(folder, "logs", out="[0]<stdout>: done\n")
+    code, out, err = cli("submit", "--wait", "--show-output", "--site", "k8s", "-N", "2", "train.py")
+    assert code == 0, err
+    assert out.splitlines()[-1] == "[0]<stdout>: done"
+    assert [c["argv"][0] for c in calls()] == ["create", "get", "logs"]
+
+
 def test_status_of_a_bare_id_asks_the_sites_namespace_and_context(cli, kubectl, tmp_path):
     folder, calls = kubectl
     site = tmp_path / "k8s-ctx.yaml"
