@@ -213,6 +213,9 @@ class KubernetesScheduler(Scheduler):
         if plan.secret_env:
             raise UserError(f"--env {plan.secret_env[0]}: a secret value cannot reach an MPIJob through kubectl's "
                             "environment; keep it in a Kubernetes Secret the site's image or admin mounts")
+        if plan.account:
+            raise UserError(f"--account {plan.account!r}: an MPIJob charges no account (its namespace, "
+                            f"{opts.namespace!r}, and that namespace's quota decide)")
         if plan.mpi_flavour not in MPI_IMPLEMENTATIONS:
             raise UserError(f"site {plan.site!r}: mpi.flavour {plan.mpi_flavour!r}: the MPI Operator runs "
                             f"{', '.join(MPI_IMPLEMENTATIONS)} (set mpi.flavour, not auto)")

@@ -359,6 +359,7 @@ def test_what_only_the_image_knows_must_be_named(cli, kubectl, tmp_path, keys, m
 @pytest.mark.parametrize("args,message", [
     (["--env", "MY_TOKEN"], "--env MY_TOKEN: a secret value cannot reach an MPIJob"),
     (["--exclusive"], "--exclusive: kubernetes has no such request"),
+    (["--account", "proj1"], "--account 'proj1': an MPIJob charges no account"),
     (["--array", "0-3"], "--array '0-3': kubernetes has no such request"),
     (["--data-service-nodes", "1"], "--data-service-nodes 1: kubernetes has no such request"),
 ])
