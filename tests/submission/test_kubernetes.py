@@ -373,6 +373,21 @@ def test_what_an_mpijob_cannot_hold_is_refused(cli, kubectl, tmp_path, monkeypat
     assert "s3cret" not in err and calls() == []
 
 
+def test_an_edited_namespace_in_job_json_never_reaches_kubectl(cli, kubectl, tmp_path):
+    folder, calls = kubectl
+    (tmp_path / "train.py").write_text("")
+    _answer(folder, "create", out="mpijob.kubeflow.org/train\n")
+    code, out, err = cli("submit", "--json", "--site", "k8s", "train.py")
+    job_dir = Path(json.loads(out)["job_dir"])
+    record = json.loads((job_dir / "job.json").read_text())
+    (job_dir / "job.json").write_text(json.dumps({**record, "namespace": "--all-namespaces"}))
+    for command in ("status", "logs", "cancel"):
+        code, out, err = cli(command, str(job_dir))
+        assert code == 2 and len(err.strip().splitlines()) == 1, (command, err)
+        assert "namespace: expected a DNS-1123 label" in err
+    assert [c["argv"][0] for c in calls()] == ["create"]
+
+
 def test_option_shaped_job_id_never_reaches_kubectl(cli, kubectl):
     _, calls = kubectl
     code, _, err = cli("cancel", "--site", "k8s", "--all")
