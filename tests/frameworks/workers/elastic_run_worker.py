@@ -8,8 +8,8 @@ or lost shows. MODE:
   ``shrink N``: until the world has N ranks (the test removes a host), then STEPS_AFTER more steps;
   ``kill``/``raise``: the rank that started as 1 SIGKILLs itself / raises at step FAIL_AT; the others finish;
   ``raise_all``: every rank raises at step FAIL_AT;
-  ``kill_until N``: the rank on the last host dies at each step FAIL_AT of a world of N ranks or more, then
-  train until the world has N ranks again (a blacklisted host coming back);
+  ``kill_until N``: the last rank of a world of N ranks or more dies at step FAIL_AT, then train until the world
+  has N ranks again (its host back from the blacklist);
   ``fixed``: train STEPS steps (reset-limit / timeout tests kill ranks from outside).
 Every rank that finishes writes OUT_DIR/rank<start rank>.json. OUT_DIR/progress<start rank> holds the last
 committed step (the test waits on it before changing hosts).
@@ -43,7 +43,7 @@ def main() -> None:
     start_rank = context.rank()
     env = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
     state = ObjectState(collectives.broadcast_object, context.rank, step=0, params=np.zeros(4), history=[],
-                        reached=-1)
+                        reached=-1, smallest=1 << 30)
     seen: dict = {"resets": [], "sizes": []}
     state.register_reset_callbacks([lambda: seen["resets"].append([context.rank(), context.size()])])
 
@@ -68,8 +68,9 @@ def main() -> None:
             state.history = state.history + [step]
             state.step = step + 1
             size = context.size()
+            state.smallest = min(state.smallest, size)
             if state.reached < 0 and (mode == "grow" and size >= goal or mode == "shrink" and size <= goal
-                                      or mode == "kill_until" and size >= goal and state.history.count(FAIL_AT) > 1):
+                                      or mode == "kill_until" and size >= goal > state.smallest):
                 state.reached = state.step
             seen["sizes"].append(size)
             if context.rank() == 0:
