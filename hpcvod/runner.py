@@ -14,6 +14,7 @@ a shared file system) instead of the local temporary directory.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import shutil
@@ -25,6 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 FUNCTION_FILE = "function.pickle"
+# hpcvod's framework modules the ranks import before loading the function, where the caller had imported them:
+# hpcvod.mxnet must come before mxnet (it gives MXNet 1.9.1 NumPy's np.bool), and unpickling the function may
+# import mxnet first
+FRAMEWORK_MODULES = ("hpcvod.mxnet", "hpcvod.torch", "hpcvod.tensorflow", "hpcvod.keras")
 _ELASTIC = "hpcvod.run starts a fixed world; elastic training runs inside it with hvd.elastic.run (docs/elastic.md)"
 
 
@@ -109,7 +114,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, An
     try:
         pickler = _pickler()
         try:
-            payload = pickler.dumps((func, tuple(args), dict(kwargs or {})))
+            payload = pickler.dumps(([name for name in FRAMEWORK_MODULES if name in sys.modules],
+                                     pickler.dumps((func, tuple(args), dict(kwargs or {})))))
         except Exception as err:
             raise ValueError(f"hpcvod.run: cannot pickle the function or its arguments ({type(err).__name__}: "
                              f"{err}); {'' if pickler is not pickle else 'install cloudpickle, or '}define the "
@@ -168,7 +174,10 @@ def _rank_main(folder: str) -> int:
               f"directory", file=sys.stderr)
         return 1
     try:
-        func, args, kwargs = pickle.loads(Path(folder, FUNCTION_FILE).read_bytes())
+        modules, payload = pickle.loads(Path(folder, FUNCTION_FILE).read_bytes())
+        for name in modules:
+            importlib.import_module(name)
+        func, args, kwargs = pickle.loads(payload)
         outcome = (True, func(*args, **kwargs))
         status = 0
     except SystemExit as err:
