@@ -127,8 +127,9 @@ def openmpi_world(mpirun: str, extra_args: list[str], is_root: bool, folder: str
                 argv += ["-x", name]
         argv += [*extra_args, sys.executable, "-m", "hpcvod.runtime.elastic_start", "--",
                  *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
-        # spawned ranks read these too: fault tolerance for every job of this mpirun
-        return subprocess.Popen(argv, env={**env, "OMPI_MCA_mpi_ft_enable": "1"})
+        # spawned ranks read these too: fault tolerance for every job of this mpirun, and a finalize that does not
+        # wait for dead ranks (hpcvod/jobs/elastic.py measured it: survivors hang in MPI_Finalize's fence)
+        return subprocess.Popen(argv, env={**env, "OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_async_mpi_finalize": "1"})
     return start
 
 

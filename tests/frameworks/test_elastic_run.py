@@ -116,13 +116,7 @@ def test_host_removed_ends_its_ranks_and_the_others_train_on(tmp_path):
     assert f"its host {HOSTS[1]} is no longer in the elastic job; it ends" in err
 
 
-# Known bug (H17, 2026-11-25): after a SIGKILLed rank under the driver, the survivors train to the end and write
-# their results, but do not exit (not yet understood: the same kill under a plain mpirun exits, test_elastic.py).
-SIGKILL_HANGS_AT_EXIT = pytest.mark.xfail(run=False, reason="survivors of a SIGKILL under hpcvod run's driver hang "
-                                          "at exit (issue 28, notes of H17)")
-
-
-@pytest.mark.parametrize("mode", [pytest.param("kill", marks=SIGKILL_HANGS_AT_EXIT), "raise"])
+@pytest.mark.parametrize("mode", ["kill", "raise"])
 def test_a_failing_rank_blacklists_its_host_and_the_others_finish(tmp_path, mode):
     hosts = ",".join(f"{h}:1" for h in HOSTS)
     done = run_or_fail(_argv(tmp_path, ["-np", "3", "--min-np", "2", "-H", hosts], mode), _env(), LIMIT,
@@ -155,7 +149,6 @@ def test_fewer_than_min_np_past_the_elastic_timeout_is_one_line(tmp_path):
     assert f"hpcvod: rank 0: {line}" in done.stderr and f"hpcvod: rank 1: {line}" in done.stderr
 
 
-@SIGKILL_HANGS_AT_EXIT
 def test_blacklisted_host_comes_back_after_its_cooldown(tmp_path):
     hosts = ",".join(f"{h}:1" for h in HOSTS)
     done = run_or_fail(_argv(tmp_path, ["-np", "3", "--min-np", "2", "-H", hosts, "--blacklist-cooldown-range", "1",
