@@ -62,7 +62,8 @@ def main() -> None:
     print(f"machine: {platform.node()}, {cores} cores, torch {version('torch')}, "
           f"tensorflow {version('tensorflow-cpu')}, batch {args.batch_size} per rank, 1 compute thread per rank, "
           f"{args.rounds} rounds; load average at start {os.getloadavg()[0]:.1f}", flush=True)
-    over = sorted({n for n in args.ranks + args.keras_ranks if n > cores})
+    used = ([] if args.no_torch else args.ranks) + ([] if args.no_keras else args.keras_ranks)
+    over = sorted({n for n in used if n > cores})
     if over:
         print(f"note: {', '.join(map(str, over))} ranks oversubscribe this {cores}-core machine", flush=True)
     common = ["--batch-size", str(args.batch_size), "--warmup", "5", "--iters", "4", "--batches-per-iter", "5"]
