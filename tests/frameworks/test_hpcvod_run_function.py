@@ -105,3 +105,24 @@ def test_import_hpcvod_stays_light() -> None:
              "print(sorted(m for m in ('torch', 'tensorflow', 'mpi4py', 'hpcvod.cli') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=rank_env(), timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+MXNET_BODY = """
+    import hpcvod.mxnet as hvd   # before mxnet, as docs/drop-in.md says: MXNet 1.9.1 needs np.bool
+    import mxnet as mx
+
+    def work():
+        ones = mx.nd.ones((2,))   # mx before hvd: unpickling the function imports mxnet first
+        hvd.init()
+        return hvd.allreduce(ones, average=False).asnumpy().tolist()
+
+    print("RESULTS", hpcvod.run(work, np=2))
+"""
+
+
+@pytest.mark.frameworks
+def test_the_ranks_import_hpcvod_mxnet_before_unpickling_a_function_that_uses_mxnet(tmp_path: Path) -> None:
+    require_framework("mxnet")
+    proc = call(tmp_path, MXNET_BODY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULTS [[2.0, 2.0], [2.0, 2.0]]" in proc.stdout, proc.stdout
