@@ -21,6 +21,7 @@ import hpcvod.runtime as rt
 from hpcvod.frameworks._common import set_rank_size
 from hpcvod.frameworks.torch import mpi_ops
 from hpcvod.frameworks.torch.compression import Compressor
+from hpcvod.frameworks.torch.optimizer import _DistributedOptimizer, common_setup
 from hpcvod.runtime.adasum import check_size
 
 
@@ -31,19 +32,9 @@ class DistributedAdasumOptimizer(torch.optim.Optimizer):
                    compression: type[Compressor], backward_passes_per_step: int, op: Any,
                    gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
                    process_set: Any) -> None:
-        from hpcvod.frameworks.torch.optimizer import parameter_names
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        names = parameter_names(self, named_parameters)
-        self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
-        self._hvd_compression = compression
-        self._hvd_process_set = process_set
-        self.backward_passes_per_step = backward_passes_per_step
-        self._hvd_delay = {p: backward_passes_per_step for p in all_params}
-        self._hvd_requires_update = [p for p in all_params if p.requires_grad]
+        common_setup(self, named_parameters, compression, backward_passes_per_step, process_set)
         self._hvd_starts = {p: torch.zeros_like(p, requires_grad=False) for p in self._hvd_requires_update}
         self._hvd_handles: dict[torch.Tensor, tuple[Any, Any]] = {}   # parameter -> (handle or None, ctx)
         self._hvd_hooks: list[Any] = []
@@ -88,13 +79,6 @@ class DistributedAdasumOptimizer(torch.optim.Optimizer):
         raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
         yield  # pragma: no cover - makes this a generator, as contextmanager needs
 
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        if passes < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
-        self.backward_passes_per_step = passes
-        for p in self._hvd_delay:
-            self._hvd_delay[p] = passes
-
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         if not self._hvd_hooks:          # not a member of the process set
@@ -123,7 +107,6 @@ class DistributedAdasumOptimizer(torch.optim.Optimizer):
                                  "a race condition.")
         return super(self._hvd_base, self).zero_grad(set_to_none)
 
-    def _hvd_remove_hooks(self) -> None:
-        for hook in self._hvd_hooks:
-            hook.remove()
-        self._hvd_hooks.clear()
+    # the same as the averaging optimizer's
+    set_backward_passes_per_step = _DistributedOptimizer.set_backward_passes_per_step
+    _hvd_remove_hooks = _DistributedOptimizer._hvd_remove_hooks

@@ -55,6 +55,22 @@ def parameter_names(optimizer: torch.optim.Optimizer,
     return names
 
 
+def common_setup(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                 compression: type[Compressor], backward_passes_per_step: int, process_set: Any) -> None:
+    """The state both distributed optimizers (averaging and Adasum) keep: names, compression, the process set,
+    the backward passes per step and the parameters to update."""
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    all_params = [p for group in optimizer.param_groups for p in group["params"]]
+    names = parameter_names(optimizer, named_parameters)
+    optimizer._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
+    optimizer._hvd_compression = compression
+    optimizer._hvd_process_set = process_set
+    optimizer.backward_passes_per_step = backward_passes_per_step
+    optimizer._hvd_delay = {p: backward_passes_per_step for p in all_params}
+    optimizer._hvd_requires_update = [p for p in all_params if p.requires_grad]
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixin body of the classes ``DistributedOptimizer`` builds; ``_hvd_*`` attributes are its own state."""
 
@@ -62,18 +78,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                    compression: type[Compressor], backward_passes_per_step: int, op: Any,
                    gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
                    process_set: Any) -> None:
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        names = parameter_names(self, named_parameters)
-        self._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
-        self._hvd_compression = compression
+        common_setup(self, named_parameters, compression, backward_passes_per_step, process_set)
         self._hvd_op, self._hvd_prescale, self._hvd_postscale = average_as_prescale(op, gradient_predivide_factor)
         self._hvd_sparse_as_dense = sparse_as_dense
-        self._hvd_process_set = process_set
-        self.backward_passes_per_step = backward_passes_per_step
-        self._hvd_delay = {p: backward_passes_per_step for p in all_params}
-        self._hvd_requires_update = [p for p in all_params if p.requires_grad]
         self._hvd_buckets = self._hvd_make_buckets(groups)
         self._hvd_bucket_of = {p: b for b, bucket in enumerate(self._hvd_buckets) for p in bucket}
         self._hvd_ready_count = [0] * len(self._hvd_buckets)
