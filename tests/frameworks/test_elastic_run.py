@@ -186,3 +186,23 @@ def test_reset_limit_ends_the_job_with_horovods_message(tmp_path):
 def test_bad_elastic_flags_are_one_line(tmp_path, flags, line):
     done = subprocess.run(_argv(tmp_path, flags, "fixed"), env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip() == f"hpcvod: error: {line}", done.stderr
+
+
+def test_discovery_script_failing_at_the_start_is_one_line(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 'no inventory here' >&2\nexit 3\n")
+    script.chmod(0o700)
+    done = subprocess.run(_argv(tmp_path, ["-np", "2", "--host-discovery-script", str(script)], "fixed"), env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"hpcvod: error: --host-discovery-script {script}: exit status 3: no inventory here"
+
+
+def test_max_np_caps_the_ranks_the_hosts_offer(tmp_path):
+    hosts = ",".join(f"{h}:1" for h in HOSTS)
+    done = run_or_fail(_argv(tmp_path, ["--min-np", "1", "--max-np", "2", "-H", hosts], "fixed"), _env(), LIMIT,
+                       "elastic hpcvod run --max-np 2")
+    assert done.returncode == 0, done.stderr
+    results = _results(tmp_path)
+    _trained_the_same(results, 2)
+    assert [results[r]["env"]["HOROVOD_HOSTNAME"] for r in range(2)] == HOSTS[:2]
