@@ -43,18 +43,23 @@ def run(args: argparse.Namespace, program: list[str], argv: Sequence[str]) -> in
     out = Path(args.output or f"hpcvod-image-{site.name}")
     if (args.builder or args.tag) and not args.build:
         raise UserError("image: --builder and --tag go with --build")
+    builder = None
+    if args.build:
+        debian = image.DEBIAN_FROM.match(rec.base) is not None
+        builder = args.builder or ("debootstrap" if debian and shutil.which("debootstrap") and shutil.which("ch-run")
+                                   else "podman")
+        if builder == "debootstrap" and not debian:  # refused before anything is written
+            raise UserError(f"image --builder debootstrap: FROM {rec.base}: debootstrap makes Debian roots only "
+                            f"(FROM debian:SUITE); build a CUDA base with podman, docker or apptainer")
+        if builder == "podman" and shutil.which("podman") is None:
+            raise UserError(f"image --build: no builder here for FROM {rec.base} (podman is not on PATH; "
+                            f"debootstrap builds Debian bases only): write the Containerfile without --build and "
+                            f"build it with podman, docker or apptainer where one runs")
     image.write_context(rec, out, download=args.download)
     print(f"wrote {out / 'Containerfile'} (site {site.name}, {rec.mpi_flavour}, FROM {rec.base})", file=sys.stderr)
-    if not args.build:
+    if builder is None:
         return EXIT_OK
-    debian = image.DEBIAN_FROM.match(rec.base) is not None
-    builder = args.builder or ("debootstrap" if debian and shutil.which("debootstrap") and shutil.which("ch-run")
-                               else "podman")
     if builder == "podman":
-        if shutil.which("podman") is None:
-            raise UserError(f"image --build: no builder here for FROM {rec.base} (podman is not on PATH; "
-                            f"debootstrap builds Debian bases only): build {out / 'Containerfile'} with podman, "
-                            f"docker or apptainer elsewhere")
         tag = args.tag or f"hpcvod-{site.name}"
         image.build_podman(out, tag)
         print(f"built podman image {tag}; profile: container.runtime: podman, container.image: {tag}, "

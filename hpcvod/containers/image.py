@@ -74,7 +74,7 @@ class ImageRecipe:
             " && rm -rf /opt/hpcvod-wheels",
             "# hpcvod itself last: a new hpcvod rebuilds only what follows (the debootstrap builder keeps the root",
             "# as it was before the last COPY)",
-            "COPY hpcvod /opt/hpcvod-src",
+            "COPY hpcvod-dist /opt/hpcvod-src",
             f"RUN {VENV}/bin/pip install --no-cache-dir --no-deps /opt/hpcvod-src/*.whl"
             " && mv /opt/hpcvod-src/hpcvod-image.json /etc/hpcvod-image.json && rm -rf /opt/hpcvod-src"
             + "".join(f" && mkdir -p {shlex.quote(target)}" for target in self.mount_points),
@@ -135,10 +135,10 @@ def recipe(site: Site, frameworks: Sequence[str], cuda: str | None, base: str | 
 
 
 def write_context(rec: ImageRecipe, out: Path, download: bool) -> None:
-    """``out``/Containerfile, hpcvod/ (hpcvod's wheel, the label) and wheels/ (every requirement's wheel for
+    """``out``/Containerfile, hpcvod-dist/ (hpcvod's wheel, the label) and wheels/ (every requirement's wheel for
     this Python with ``download``, so that the build needs no index; else empty)."""
     (out / "wheels").mkdir(parents=True, exist_ok=True)
-    own = out / "hpcvod"
+    own = out / "hpcvod-dist"  # not "hpcvod": such a folder in the current one would shadow the package
     if own.exists():
         shutil.rmtree(own)
     own.mkdir()

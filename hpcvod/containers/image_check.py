@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from hpcvod.machine.flavour import FLAVOUR_NAMES
-from hpcvod.sites.crosscheck import MPI_PLUGINS, mounted
+from hpcvod.sites.crosscheck import mounted
 from hpcvod.sites.profile import SiteProfile
 from hpcvod.support.errors import UserError
 
@@ -49,8 +49,8 @@ SEEN_WITHOUT_MOUNTS = {"charliecloud": ("/tmp",), "podman": ()}
 
 def check_image(site_name: str, profile: SiteProfile, image: str, flavour: str, workdir: str) -> None:
     """Raises UserError (one line) when the image is missing, records an MPI other than ``flavour`` (the one
-    the site's launcher starts) or one the srun plugin cannot start, or when the runtime would start the ranks
-    in a folder (``workdir``: the program, the job folder) that the container does not see."""
+    the site's launcher and its PMI plugin start: `sites validate` ties the plugin to the flavour), or when the
+    runtime would start the ranks in a folder (``workdir``: the program, the job folder) the container does not see."""
     runtime = profile.container.runtime or ""
     seen = SEEN_WITHOUT_MOUNTS.get(runtime)
     if seen is not None and not any(mounted(workdir, m) for m in (*seen, *profile.container.mounts)):
@@ -71,12 +71,10 @@ def check_image(site_name: str, profile: SiteProfile, image: str, flavour: str, 
         return  # built elsewhere: the job's own check (hvd.init() against HPCVOD_MPI_FLAVOUR) catches a mismatch
     inside = label.get("mpi_flavour")
     launcher = profile.launcher
-    how = f"srun --mpi={launcher.mpi_plugin}" if launcher.kind == "srun" else f"{launcher.kind} ({launcher.executable or 'auto'})"
+    how = (f"srun --mpi={launcher.mpi_plugin}" if launcher.kind == "srun"
+           else f"{launcher.kind} ({launcher.executable or 'auto'})")
     if inside != flavour:
         raise UserError(f"container image {image} has {FLAVOUR_NAMES.get(inside, inside)} ({LABEL_PATH}: "
-                        f"{label.get('mpi_wheel', inside)}), but site {site_name!r} starts {FLAVOUR_NAMES.get(flavour, flavour)} "
-                        f"ranks with {how}: expected an image built for this site (`hpcvod image --site {site_name}`)")
-    if launcher.kind == "srun" and launcher.mpi_plugin not in MPI_PLUGINS.get(inside, (launcher.mpi_plugin,)):
-        raise UserError(f"container image {image}: its {FLAVOUR_NAMES.get(inside, inside)} does not speak "
-                        f"srun --mpi={launcher.mpi_plugin} (launcher.mpi_plugin of site {site_name!r}): expected "
-                        f"{' or '.join(MPI_PLUGINS[inside])}")
+                        f"{label.get('mpi_wheel', inside)}), but site {site_name!r} starts "
+                        f"{FLAVOUR_NAMES.get(flavour, flavour)} ranks with {how}: expected an image built for this "
+                        f"site (`hpcvod image --site {site_name}`)")
