@@ -98,3 +98,14 @@ def test_the_elastic_variables_cannot_be_set_with_env(cli, tmp_path: Path) -> No
     for name in ("HPCVOD_ELASTIC_MIN_NODES", "HPCVOD_ELASTIC_EVENTS"):
         code, _, err = cli("submit", "--site", "slurm-sandbox", "--env", f"{name}=1", "--dry-run", "train.py")
         assert code == 2 and f"--env {name}: set by hpcvod itself" in err, err
+
+
+def test_the_python_api_takes_min_nodes() -> None:
+    from hpcvod.jobs.python_api import HpcvodExecutor
+    from hpcvod.sites import UserError
+
+    script = HpcvodExecutor(site="pbs-ib-openmpi", nodes=2, gpus_per_node=4,
+                            min_nodes=1)._make_submission_file_text("", "")
+    assert "#PBS -W tolerate_node_failures=all" in script and " --with-ft ulfm " in script
+    with pytest.raises(UserError, match=r"^--min-nodes 3: more than the job's --nodes 2; expected 1 to 2$"):
+        HpcvodExecutor(site="pbs-ib-openmpi", nodes=2, gpus_per_node=4, min_nodes=3)._make_submission_file_text("", "")
