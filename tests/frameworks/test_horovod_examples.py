@@ -80,7 +80,12 @@ CORPUS: list[Example] = [
     Example("mxnet/mxnet2_mnist.py", ("--epochs", "1", "--no-cuda"), framework="mxnet", changes=(_MXNET_FIRST,),
             fails="module 'mxnet.gluon' has no attribute 'metric'"),
     Example("mxnet/mxnet_imagenet_resnet50.py", needs="gluoncv"),
-    Example("keras/keras_mnist.py", framework="tensorflow", fails="module 'tensorflow' has no attribute 'ConfigProto'"),
+    Example("keras/keras_mnist.py", (), r"Test accuracy: ", "tensorflow", changes=(
+        ("config = tf.ConfigProto()\nconfig.gpu_options.allow_growth = True\n"
+         "config.gpu_options.visible_device_list = str(hvd.local_rank())\nK.set_session(tf.Session(config=config))\n",
+         "", "TF1's session: TF 2 has tf.ConfigProto and tf.Session only as tf.compat.v1, Keras 3 no set_session"),
+        ("'./checkpoint-{epoch}.h5'", "'./checkpoint-{epoch}.keras'",
+         "Keras 3's ModelCheckpoint saves a whole model only as .keras"))),
     Example("keras/keras_mnist_advanced.py", framework="tensorflow",
             fails="cannot import name 'ImageDataGenerator' from 'keras.preprocessing.image'"),
     Example("keras/keras_imagenet_resnet50.py", framework="tensorflow",
