@@ -149,3 +149,17 @@ def test_a_large_tensor_is_reduced_alone_not_packed_with_the_small_ones(mpich: M
     calls = sorted((e["args"] for e in events if e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "B"),
                    key=lambda args: args["bytes"])
     assert calls == [{"fused": 2, "bytes": 2048}, {"fused": 2, "bytes": 2048}, {"bytes": 1 << 20}], calls
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_knobs_the_job_set_are_never_changed_on_real_ranks(mpich: MpiFlavour) -> None:
+    env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+           "HOROVOD_FUSION_THRESHOLD": str(2 * MIB), "HPCVOD_CACHE_CAPACITY": "512"}
+    ranks = mpich.run(2, "w_autotune.py", "120", env=env, timeout=200)
+    assert ranks.returncode == 0, ranks.explain()
+    said = [json.loads(line[len("TUNED "):]) for line in ranks.stdout.splitlines() if line.startswith("TUNED ")]
+    assert len(said) == 2 and said[0]["tuned"] == said[1]["tuned"] and said[0]["settled"], ranks.explain()
+    tuned = said[0]["tuned"]
+    assert len(tuned) == 5, tuned            # the cycle time's 5 candidates, the last one the setting it settled on
+    assert all(s["fusion_threshold"] == 2 * MIB and s["cache_enabled"] for s in tuned), tuned
