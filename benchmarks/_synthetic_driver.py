@@ -30,13 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, system: str, n: int, worker_args: list[str]) -> dict:
-    """Runs ``mpiexec -n N python SCRIPT --worker SYSTEM ...`` and returns rank 0's result."""
+def launch(script: str, system: str, n: int, worker_args: list[str], root: Path = ROOT) -> dict:
+    """Runs ``mpiexec -n N python SCRIPT --worker SYSTEM ...`` (importing hpcvod from ``root``) and returns rank 0's
+    result."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
     argv = [str(mpiexec), "-n", str(n), sys.executable, script, "--worker", system, "--port", str(free_port()),
             *worker_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "HOROVOD_", "PMI_", "OMPI_"))}
-    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(root))
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:

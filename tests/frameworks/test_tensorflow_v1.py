@@ -20,6 +20,8 @@ CHECKS = [
     "broadcast_global_variables_after_initialization",
     "every_graph_collective_gives_the_eager_values",
     "optimizer_options_sum_local_vars_and_aggregation",
+    "fetching_one_op_runs_only_what_it_depends_on",
+    "ops_run_in_different_orders_pair_by_name_and_fuse",
 ]
 
 

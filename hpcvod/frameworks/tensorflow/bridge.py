@@ -2,17 +2,15 @@
 
 Eager tensors reach the runtime through DLPack: a read-only NumPy view of the tensor's own memory. Results leave
 through DLPack too, from 64-byte-aligned NumPy buffers (TensorFlow aborts on less-aligned ones). Inside a graph
-each collective is a ``tf.py_function`` around the eager code, chained in TF1-style graphs so that every rank runs
-them in one order; runtime errors become TensorFlow's own error types.
+each collective is a ``tf.py_function`` around the eager code (in TF1-style graphs an asynchronous node, paired across
+ranks by name); runtime errors become TensorFlow's own error types.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 import sys
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,7 @@ import tensorflow as tf
 
 import hpcvod.runtime as rt
 from hpcvod.runtime import gpu
-from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError
+from hpcvod.runtime.errors import HpcvodInputError, HpcvodMismatchError, HpcvodNotInitializedError
 from hpcvod.frameworks._common import aligned_empty, is_aligned, numpy_view_of_capsule
 
 # AutoGraph must not rewrite hpcvod's Python (it would trace into the runtime): run it as written.
@@ -28,7 +26,7 @@ not_converted = tf.autograph.experimental.do_not_convert
 
 try:
     from tensorflow.python.framework.func_graph import FuncGraph as _FuncGraph
-except ImportError:  # private module moved: treat every graph as a TF1 graph (chained; still correct)
+except ImportError:  # private module moved: treat every graph as a TF1 graph (asynchronous nodes; still correct)
     _FuncGraph = ()
 
 # dtypes NumPy cannot reduce natively travel as float32 (on the host; GPU tensors keep bfloat16, see widen)
@@ -113,6 +111,15 @@ class InputError(tf.errors.InvalidArgumentError, HpcvodInputError):
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
 
+class NotInitializedError(tf.errors.FailedPreconditionError, HpcvodNotInitializedError):
+    """A collective before ``hvd.init()`` or after ``hvd.shutdown()``: Horovod's op fails its "not initialized"
+    check with ``tf.errors.FailedPreconditionError``; still an ``HpcvodNotInitializedError`` (a ValueError, which
+    Horovod's allreduce raises there, asking the process set's size first)."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
 def as_tf_error(exc: BaseException) -> BaseException:
     """The ``tf.errors`` class Horovod raises for a runtime error (the error itself where there is none)."""
     if isinstance(exc, tf.errors.OpError):
@@ -121,13 +128,15 @@ def as_tf_error(exc: BaseException) -> BaseException:
         return MismatchError(str(exc))
     if isinstance(exc, HpcvodInputError):
         return InputError(str(exc))
+    if isinstance(exc, HpcvodNotInitializedError):
+        return NotInitializedError(str(exc))
     return exc
 
 
 def call_mapped(eager_fn: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
     try:
         outs = eager_fn(*args)
-    except (HpcvodMismatchError, HpcvodInputError) as exc:
+    except (HpcvodMismatchError, HpcvodInputError, HpcvodNotInitializedError) as exc:
         mapped = as_tf_error(exc)
         if mapped is exc:
             raise
@@ -145,33 +154,13 @@ def failed_precondition(label: str) -> tf.Tensor:
     return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32, name="hpcvod_collective_mismatch")
 
 
-# The last hpcvod op built in each TF1-style graph (see graph_op).
-_last_op: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_outside_chain = [0]   # > 0 while unchained_graph_ops() is active
-
-
-@contextlib.contextmanager
-def unchained_graph_ops() -> Iterator[None]:
-    """TF1 collectives built inside stay out of the chain (see graph_op): for an op run on its own, such as
-    ``broadcast_global_variables`` run by a hook at session start, before the training ops built earlier ever run
-    (chained, it would wait for them and need their feeds)."""
-    _outside_chain[0] += 1
-    try:
-        yield
-    finally:
-        _outside_chain[0] -= 1
-
-
 def graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType], label: str) -> list[Any]:
-    """``eager_fn`` as a ``tf.py_function`` node whose mismatch errors surface as FailedPreconditionError.
+    """``eager_fn`` as graph nodes whose mismatch errors surface as FailedPreconditionError.
 
-    In a ``tf.function`` the automatic control dependencies run stateful ops in program order, the same on every
-    rank. A TF1 graph (``tf.compat.v1``, sessions) has none: its executor runs independent ops in any order, a
-    different one on each rank, and each op blocks an executor thread until its partners come, so with more
-    independent collectives than threads the ranks wait on different ones. There each hpcvod op waits for the
-    previous one built in the graph (Horovod's graph ops need no such chain: they are asynchronous kernels), so
-    running an op also runs the collectives built before it (unchained_graph_ops() for an op run on its own).
-    Chaining only to ops not yet run is not enough: a later run may fetch earlier ops again beside new ones.
+    In a ``tf.function`` one ``tf.py_function`` node: the automatic control dependencies run stateful ops in
+    program order, the same on every rank. A TF1 graph (``tf.compat.v1``, sessions) runs independent ops in any
+    order, a different one on each rank; the ranks pair them by name (graph_name), and each op runs only when a
+    fetch depends on it, as Horovod's asynchronous kernels do (see asynchronous_node).
     """
     def body(*args: Any) -> list[Any]:
         try:
@@ -181,18 +170,50 @@ def graph_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[t
             return [tf.zeros([], d) for d in out_dtypes] + [tf.constant(1)]
         return outs + [tf.constant(0)]
 
-    graph = tf.compat.v1.get_default_graph()
-    chained = not isinstance(graph, _FuncGraph) and not _outside_chain[0]
-    previous = _last_op.get(graph) if chained else None
-    with tf.control_dependencies([] if previous is None else [previous]):
-        outs = tf.py_function(body, inputs, list(out_dtypes) + [tf.int32])
+    dtypes = list(out_dtypes) + [tf.int32]
+    if isinstance(tf.compat.v1.get_default_graph(), _FuncGraph):
+        outs = tf.py_function(body, inputs, dtypes)
+    else:
+        outs = asynchronous_node(body, inputs, dtypes)
     status = outs[-1]
     check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: failed_precondition(label))
     with tf.control_dependencies([check]):
-        results = [tf.identity(o) for o in outs[:-1]]
-    if chained:
-        _last_op[graph] = check.op
-    return results
+        return [tf.identity(o) for o in outs[:-1]]
+
+
+def asynchronous_node(body: Callable[..., list[Any]], inputs: list[Any], dtypes: list[tf.DType]) -> list[Any]:
+    """``body(*inputs)`` in a TF1 graph without holding one of the session's inter-op threads while it waits.
+
+    A collective waits for its partners on the other ranks. A ``py_function`` that waits blocks an executor
+    thread, and with more ready collectives than threads (2 on a 2-core node) the ranks, running independent ops
+    in different orders, can each wait on ops the others have not started. So the node is two: a ``py_function``
+    that only hands this run's inputs over (it never waits), and the ``get_next`` of a one-element-per-run
+    ``tf.data`` iterator whose map runs ``body``. ``get_next`` is an asynchronous kernel, run on a thread of its
+    own (as Horovod's ops are asynchronous kernels completed by its background thread), so any number of
+    collectives can wait at once, all submitted to the engine, which negotiates and fuses them.
+    """
+    handed: list[tuple[Any, ...]] = []
+
+    def hand_over(*args: Any) -> tf.Tensor:
+        handed[:] = [args]          # the latest run's inputs: a run cut short leaves nothing stale behind
+        return tf.constant(0)
+
+    def run_body() -> list[Any]:
+        return body(*handed.pop())
+
+    # the iterator outside any control-flow context or control dependencies of the caller; tf.data runs on the CPU
+    with tf.init_scope(), tf.device("/cpu:0"):
+        dataset = tf.data.Dataset.from_tensors(0).repeat().map(
+            lambda _: tuple(tf.py_function(run_body, [], dtypes)))
+        options = tf.data.Options()
+        options.autotune.enabled = False                    # no prefetching: one collective per run, when fetched
+        options.experimental_optimization.apply_default_optimizations = False
+        options.experimental_optimization.inject_prefetch = False
+        options.experimental_warm_start = False
+        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset.with_options(options))
+    handed_over = tf.py_function(hand_over, inputs, tf.int32)
+    with tf.control_dependencies([handed_over]), tf.device("/cpu:0"):
+        return list(iterator.get_next())
 
 
 def run_op(eager_fn: Callable[..., Any], inputs: list[Any], out_dtypes: list[tf.DType],

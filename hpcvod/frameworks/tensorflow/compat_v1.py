@@ -16,7 +16,6 @@ import tensorflow as tf
 import hpcvod.runtime as rt
 from hpcvod.frameworks.tensorflow.functions import broadcast_variables
 from hpcvod.frameworks.tensorflow.gradient_tape import GradientReducer
-from hpcvod.frameworks.tensorflow.mpi_ops import unchained_graph_ops
 
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 
@@ -36,8 +35,7 @@ def broadcast_global_variables(root_rank: int) -> Any:
     """An op that assigns ``root_rank``'s value to every global variable of the default graph (run it after the
     variables are initialised)."""
     _require_graph("broadcast_global_variables()", "hvd.broadcast_variables(model.variables, root_rank)")
-    with unchained_graph_ops():
-        return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

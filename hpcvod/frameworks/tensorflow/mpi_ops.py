@@ -21,10 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 import hpcvod.runtime as rt
-from hpcvod.frameworks._common import pack_aligned, resolve_op, set_rank_size
-from hpcvod.frameworks.tensorflow.bridge import (  # noqa: F401 (the error types and unchained_graph_ops: API)
+from hpcvod.frameworks._common import resolve_op, set_rank_size
+from hpcvod.frameworks.tensorflow.bridge import (  # noqa: F401 (the error types: API)
     aligned_copy, device_in, graph_name, InputError, MismatchError, narrow, not_converted, numpy_in, on_gpu,
-    run_op, runtime_in, tensor_out, unchained_graph_ops, widen,
+    run_op, runtime_in, tensor_out, widen,
 )
 from hpcvod.frameworks.tensorflow.compression import Compression, Compressor
 
@@ -43,31 +43,16 @@ def _eager_allreduce(t: tf.Tensor, name: str | None, op: Any, pre: float, post: 
 
 def _eager_grouped_allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: Any, pre: float, post: float,
                              ps: Any) -> list[tf.Tensor]:
-    """One in-place allreduce per dtype over a packed aligned buffer; results are views of it. GPU tensors: one
-    grouped allreduce on the device (the runtime fuses it)."""
+    """One grouped in-place allreduce of aligned copies (the runtime negotiates each tensor's shape and fuses them,
+    keeping a dot product per tensor for Adasum); GPU tensors: one grouped allreduce on the device."""
     if all(on_gpu(t) for t in tensors):
         outs = rt.grouped_allreduce([device_in(t) for t in tensors], name=name, op=op, prescale_factor=pre,
                                     postscale_factor=post, process_set=ps)
         return [tensor_out(o, t.dtype) for o, t in zip(outs, tensors)]
-    if op == rt.Adasum:
-        # a dot product per tensor (Horovod's fused Adasum): the runtime's fusion keeps the tensors apart, one
-        # packed buffer would make them one vector
-        bufs = [aligned_copy(t) for t in tensors]
-        rt.grouped_allreduce_(bufs, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
-        return [tensor_out(b) for b in bufs]
-    arrays = [numpy_in(t) for t in tensors]
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for i, a in enumerate(arrays):
-        by_dtype.setdefault(a.dtype, []).append(i)
-    results: list[Any] = [None] * len(arrays)
-    for dtype, indices in by_dtype.items():
-        buffer, views = pack_aligned([arrays[i] for i in indices])
-        group_name = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype}")
-        rt.allreduce_(buffer, name=group_name, op=op, prescale_factor=pre, postscale_factor=post,
-                      process_set=ps)
-        for i, view in zip(indices, views):
-            results[i] = tensor_out(view)
-    return results
+    # not one packed buffer: ranks whose tensors differ in shape but pad to the same length would pair silently
+    bufs = [aligned_copy(t) for t in tensors]
+    rt.grouped_allreduce_(bufs, name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+    return [tensor_out(b) for b in bufs]
 
 
 def _eager_allgather(t: tf.Tensor, name: str | None, ps: Any) -> tf.Tensor:
@@ -84,9 +69,9 @@ def _eager_broadcast(t: tf.Tensor, root_rank: int, name: str | None, ps: Any) ->
 
 def _eager_alltoall(t: tf.Tensor, splits: Any, name: str | None, ps: Any) -> list[tf.Tensor]:
     array = runtime_in(t)
-    size = set_rank_size(ps)[1]
+    size = set_rank_size(ps)[1]     # None for a set that is not registered: the runtime says so
     rows = t.shape[0] if t.shape.rank else None
-    if splits is None and rows is not None and rows % size == 0:
+    if splits is None and rows is not None and size is not None and rows % size == 0:
         # equal parts, as explicit splits: the runtime then also says how many rows came from each rank (ranks
         # may send different numbers of rows; the gradient sends them back with these)
         splits = np.full(size, rows // size, dtype=np.int32)
@@ -228,7 +213,7 @@ def _scatter_grad(dy: tf.Tensor, op: Any, pre: float, post: float, ps: Any) -> t
 
 def _grouped(kind: str, eager_group: Callable[..., list[np.ndarray]], grad_one: Callable[..., tf.Tensor],
              tensors: Sequence[Any], name: str | None) -> list[tf.Tensor]:
-    """A grouped allgather/reducescatter as one node (one link of a TF1 graph's chain, one negotiation); the
+    """A grouped allgather/reducescatter as one node (one negotiation); the
     gradient of each output is that of the single op (``grad_one(dy, x)``), as in Horovod."""
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:

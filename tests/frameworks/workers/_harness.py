@@ -35,11 +35,24 @@ class Checks:
         except Exception:  # noqa: BLE001 - reported, not swallowed
             outcome = {"ok": False, "detail": traceback.format_exc(limit=6)}
             # Printed at once: if the other ranks now wait in a collective this rank skipped, the log says why.
-            print(f"[rank {rt.rank()}] check {fn.__name__} FAILED:\n{outcome['detail']}", file=sys.stderr,
-                  flush=True)
+            rank = rt.rank() if rt.is_initialized() else "?"   # checks may run after hvd.shutdown()
+            print(f"[rank {rank}] check {fn.__name__} FAILED:\n{outcome['detail']}", file=sys.stderr, flush=True)
         outcome["seconds"] = round(time.perf_counter() - start, 3)
         self.results[fn.__name__] = outcome
         return fn
+
+    def expect_raises(self, case: str, expected: type, misuse: Callable[[], object]) -> None:
+        """Runs check ``case``: ``misuse()`` must raise an ``expected`` (the type Horovod raises for that misuse)."""
+        def body() -> str:
+            try:
+                misuse()
+            except Exception as exc:  # noqa: BLE001 - the type is what is checked
+                assert isinstance(exc, expected), \
+                    f"raised {type(exc).__name__} ({exc}); Horovod raises {expected.__name__}"
+                return f"{type(exc).__name__}: {str(exc)[:200]}"
+            raise AssertionError(f"did not raise; Horovod raises {expected.__name__}")
+        body.__name__ = case
+        self(body)
 
     def report(self, path: str) -> None:
         everyone = rt.allgather_object(self.results)

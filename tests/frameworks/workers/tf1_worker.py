@@ -177,4 +177,64 @@ def optimizer_options_sum_local_vars_and_aggregation():
     assert all(e == everyone[0] for e in everyone), "every rank applied the same aggregated update"
 
 
+@check
+def fetching_one_op_runs_only_what_it_depends_on():
+    # Horovod's graph ops are independent kernels: running `later` must neither run `counted` (its py_function
+    # counter stays 0) nor need the placeholder that only `fed` reads (hpcvod once chained every op to the one
+    # built before it)
+    runs = [0]
+
+    def count(x):
+        runs[0] += 1
+        return x
+
+    graph = tf.Graph()
+    with graph.as_default():
+        feed = tf.compat.v1.placeholder(tf.float32, [2])
+        fed = hvd.allreduce(feed, op=hvd.Sum)
+        counted = hvd.allreduce(tf.py_function(count, [tf.constant([1.0, 2.0])], tf.float32), op=hvd.Sum)
+        later = hvd.allreduce(tf.constant([RANK, 1.0]), op=hvd.Sum)
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(later), [SIZE * (SIZE - 1) / 2, SIZE])
+            assert runs[0] == 0, f"fetching one allreduce ran an unrelated one ({runs[0]} runs)"
+            np.testing.assert_array_equal(sess.run(counted), [SIZE, 2 * SIZE])
+            assert runs[0] == 1
+            np.testing.assert_array_equal(sess.run(fed, feed_dict={feed: [1.0, 1.0]}), [SIZE] * 2)
+
+
+@check
+def ops_run_in_different_orders_pair_by_name_and_fuse():
+    # Each rank delays its inputs so that it submits the collectives in a different order (rank 0 first to last,
+    # rank 1 last to first): the engine pairs them by their graph names, and those ready together are fused
+    import json
+    import tempfile
+    import time
+
+    n = 40
+
+    def delayed(i):
+        def late(x):
+            time.sleep(0.005 * (i if RANK % 2 == 0 else n - i))
+            return x
+        return tf.py_function(late, [tf.constant(np.full(4, i * (RANK + 1), np.float32))], tf.float32)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = [hvd.allreduce(delayed(i), op=hvd.Sum) for i in range(n)]
+        path = os.path.join(tempfile.mkdtemp(), "timeline.json")
+        with tf.compat.v1.Session() as sess:
+            hvd.start_timeline(path)
+            got = sess.run(ops)
+            hvd.stop_timeline()
+    for i, value in enumerate(got):
+        np.testing.assert_array_equal(value, np.full(4, i * SIZE * (SIZE + 1) / 2, np.float32))
+    if RANK == 0 and SIZE > 1:
+        with open(path) as f:
+            events = json.load(f)
+        names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        assert sum("HorovodAllreduce" in name for name in names) == n, sorted(names)
+        fused = [e["args"].get("fused", 1) for e in events if e.get("name") == "MPI_ALLREDUCE" and e.get("args")]
+        assert max(fused) > 1, f"no two graph allreduces were fused: {fused}"
+
+
 check.report(OUT)
