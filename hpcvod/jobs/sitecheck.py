@@ -242,9 +242,16 @@ def _environment_checks(site: Site, request: Request, records: list[dict | None]
     return checks
 
 
+# what each wrapping runtime sets inside (podman: container=podman; ch-run: CH_RUNNING)
+CONTAINER_MARKERS = {"apptainer": ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"),
+                     "singularity": ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"),
+                     "charliecloud": ("CH_RUNNING",), "podman": ("container",)}
+
+
 def _container_check(site: Site, got: list[dict]) -> Check:
     """The ranks run inside the profile's container: apptainer/singularity set APPTAINER_CONTAINER or
-    SINGULARITY_CONTAINER inside; pyxis/enroot leave no marker this check knows (a warn with the OS seen)."""
+    SINGULARITY_CONTAINER inside, ch-run CH_RUNNING, podman `container`; pyxis/enroot leave no marker this check
+    knows (a warn with the OS seen)."""
     image, runtime = site.profile.container.image, site.profile.container.runtime
     if not image:
         return Check("env.container", SKIP, "the profile names no container image (container.image)")
@@ -252,13 +259,14 @@ def _container_check(site: Site, got: list[dict]) -> Check:
     if runtime == "pyxis":
         return Check("env.container", WARN, f"{len(got)} rank(s) started through pyxis with {image!r}; they see "
                      f"{', '.join(seen)} (pyxis/enroot leave no marker this check can read)")
+    markers = CONTAINER_MARKERS.get(runtime or "", ())
     outside = [f"{r['hostname']} rank {r.get('launcher_rank')}" for r in got
-               if not any(r.get("container", {}).get(k) for k in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"))]
+               if not any(r.get("container", {}).get(k) for k in markers)]
     if outside:
         return Check("env.container", FAIL, f"{len(outside)} rank(s) outside any {runtime} container: "
-                     f"{', '.join(outside[:4])} (no APPTAINER_CONTAINER/SINGULARITY_CONTAINER)")
+                     f"{', '.join(outside[:4])} (no {'/'.join(markers)})")
     images = sorted({r["container"].get("APPTAINER_CONTAINER") or r["container"].get("SINGULARITY_CONTAINER")
-                     for r in got})
+                     or image for r in got})
     return Check("env.container", PASS, f"every rank inside {', '.join(images)} ({', '.join(seen)})")
 
 

@@ -54,7 +54,7 @@ INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME"
                        "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "I_MPI_HYDRA_IFACE")
 # what a container runtime leaves inside: apptainer/singularity set the first two, podman/systemd-nspawn `container`
 CONTAINER_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "APPTAINER_NAME", "SINGULARITY_NAME",
-                       "container", "PYXIS_CONTAINER_IMAGE")
+                       "container", "PYXIS_CONTAINER_IMAGE", "CH_RUNNING")  # ch-run sets CH_RUNNING
 CONTAINER_FILES = ("/.singularity.d", "/.dockerenv", "/run/.containerenv")
 
 

@@ -22,7 +22,8 @@ import pytest
 CLUSTER_TESTS = Path(__file__).resolve().parents[1] / "cluster"
 sys.path.insert(0, str(CLUSTER_TESTS))
 
-from cluster_helpers import REPO, hpcvod  # noqa: E402
+from cluster_helpers import hpcvod  # noqa: E402
+from container_helpers import MOUNT_TARGET, container_profile  # noqa: E402
 
 _cluster_conftest_spec = importlib.util.spec_from_file_location("cluster_conftest_for_containers",
                                                                 CLUSTER_TESTS / "conftest.py")
@@ -32,7 +33,6 @@ slurm_cluster = _cluster_conftest.slurm_cluster
 cancel_leftover_jobs = _cluster_conftest.cancel_leftover_jobs
 
 PACKAGES = {"ch-run": "charliecloud-runtime", "debootstrap": "debootstrap"}
-MOUNT_TARGET = "/hpcvod-data"  # the test profiles' bind mount inside the container (the image has the folder)
 
 
 def _tools_missing() -> str | None:
@@ -49,19 +49,6 @@ def _tools_missing() -> str | None:
         missing = [tool for tool in PACKAGES if shutil.which(tool) is None]
     return f"no {', '.join(missing)} (Debian: apt-get install {' '.join(PACKAGES[t] for t in missing)})" \
         if missing else None
-
-
-def container_profile(folder: Path, name: str, extends: str, mounts: list[str] | None = None,
-                      **container: str) -> Path:
-    """A profile file ``folder/name.yaml``: site ``extends`` with ranks in a charliecloud container."""
-    lines = [f"extends: {extends}", f"description: {extends} with each rank in ch-run (tests/containers)",
-             "container:", "  runtime: charliecloud", "  python: /opt/hpcvod/bin/python"]
-    lines += [f"  {key}: {value}" for key, value in container.items()]
-    if mounts:
-        lines += ["  mounts:"] + [f"    - {m}" for m in mounts]
-    path = folder / f"{name}.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -89,4 +76,4 @@ def user_env() -> dict[str, str]:
     return {"USER": os.environ.get("USER") or "root"}
 
 
-__all__ = ["REPO", "container_profile", "slurm_cluster", "cancel_leftover_jobs"]
+__all__ = ["slurm_cluster", "cancel_leftover_jobs"]

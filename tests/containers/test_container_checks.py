@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster_helpers import hpcvod
-from conftest import container_profile
+from container_helpers import container_profile
 
 from hpcvod.containers.runtimes import wrap_words
 
@@ -145,3 +145,22 @@ def test_image_writes_a_cuda_containerfile_for_a_gpu_site(tmp_path: Path) -> Non
                   "--builder", "debootstrap", cwd=tmp_path, timeout=300)
     _refused(done, tmp_path, "FROM nvidia/cuda:13.", "debootstrap makes Debian roots only")
     assert not (tmp_path / "ctx13").exists()
+
+
+def test_sites_check_knows_a_rank_inside_charliecloud() -> None:
+    import dataclasses
+
+    from hpcvod.jobs import sitecheck
+    from hpcvod.schedulers import profile_options
+    from hpcvod.sites.loader import load_site
+
+    site = load_site("slurm-sandbox", schedulers=profile_options())
+    site = dataclasses.replace(site, profile=dataclasses.replace(site.profile, container=dataclasses.replace(
+        site.profile.container, runtime="charliecloud", image="/images/root")))
+    inside = {"hostname": "n1", "launcher_rank": 0, "container": {"CH_RUNNING": "Weird Al Yankovic",
+                                                                   "os": "Debian GNU/Linux 12 (bookworm)"}}
+    outside = {"hostname": "n2", "launcher_rank": 1, "container": {"os": "Debian GNU/Linux 12 (bookworm)"}}
+    check = sitecheck._container_check(site, [inside])
+    assert check.status == "pass" and "/images/root" in check.evidence, check
+    check = sitecheck._container_check(site, [inside, outside])
+    assert check.status == "fail" and "n2 rank 1" in check.evidence and "CH_RUNNING" in check.evidence, check

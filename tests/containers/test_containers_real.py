@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster_helpers import Cluster, hpcvod, submitted
-from conftest import MOUNT_TARGET, container_profile
+from container_helpers import MOUNT_TARGET, container_profile
 
 WORKER = Path(__file__).resolve().parent / "workers" / "container_train.py"
 pytestmark = [pytest.mark.mpi, pytest.mark.frameworks, pytest.mark.timeout(1800)]
