@@ -137,6 +137,8 @@ class Runtime:
             self.set_timeline(None)
             timeline.close()
         if self.watchdog is not None:
+            if self.failed is not None:   # an elastic reset: the others must see a failure, not a rank that finished
+                self.watchdog.report_world_failed(self.failed)
             self.watchdog.close(agreed)
         for ps in list(self.sets.values()):
             if ps is not global_process_set:

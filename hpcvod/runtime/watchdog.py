@@ -216,6 +216,16 @@ class Watchdog:
         else:
             self.channel.send_up({"t": "fail", "reason": reason})
 
+    def report_world_failed(self, reason: str) -> None:
+        """This rank leaves a failed world to build the next one (an elastic reset): the others must see a
+        failure, not a rank that finished cleanly (they would take that for their own mistake and leave). Said
+        only where the channel still reaches them; unlike report_failure, it leaves close() to do as it does."""
+        if self.rank == 0:
+            if self.channel.is_up:
+                self.channel.tell_peers({"t": "abort", "kind": "failure", "reason": f"rank 0 failed: {reason}"})
+        elif self.channel.up is not None:
+            self.channel.send_up({"t": "fail", "reason": reason})
+
     @property
     def closed(self) -> bool:
         """Whether close() has said goodbye (or the channel was never up)."""
