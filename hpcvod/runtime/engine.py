@@ -417,6 +417,9 @@ class Lane:
 
     def free(self) -> None:
         """Release the lane's communicators (after stop(), when nothing is in flight)."""
+        if self.tuner is not None:               # a job that ended before autotune settled: its log is complete
+            self.tuner.close()
+            self.tuner = None
         self.executors.free()
         self.comm.Free()
 

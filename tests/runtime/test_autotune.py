@@ -15,6 +15,7 @@ from hpcvod.runtime.config import Settings
 from conftest import MpiFlavour
 
 START = Params(128 * MIB, 0.0, True, False)
+FIELDS = ("fusion_threshold", "cycle_time_ms", "cache_enabled", "hierarchical_allreduce")   # w_autotune.py's order
 
 
 def test_the_search_tries_one_knob_at_a_time_and_keeps_the_best_of_each() -> None:
@@ -100,8 +101,8 @@ def test_every_rank_applies_the_same_trials_the_log_has_horovods_columns_and_it_
     said = {r["rank"]: r for r in (json.loads(line[len("TUNED "):]) for line in ranks.stdout.splitlines()
                                    if line.startswith("TUNED "))}
     assert sorted(said) == [0, 1], ranks.explain()
-    tuned = said[0]["tuned"]
-    assert tuned and said[1]["tuned"] == tuned, ranks.explain()     # the same trials, in the same order
+    tuned = [dict(zip(FIELDS, setting)) for setting in said[0]["tuned"]]
+    assert tuned and said[1]["tuned"] == said[0]["tuned"], ranks.explain()     # the same trials, in the same order
     assert said[0]["settled"], ranks.explain()
     with log.open() as f:
         rows = list(csv.reader(f))
@@ -160,6 +161,6 @@ def test_knobs_the_job_set_are_never_changed_on_real_ranks(mpich: MpiFlavour) ->
     assert ranks.returncode == 0, ranks.explain()
     said = [json.loads(line[len("TUNED "):]) for line in ranks.stdout.splitlines() if line.startswith("TUNED ")]
     assert len(said) == 2 and said[0]["tuned"] == said[1]["tuned"] and said[0]["settled"], ranks.explain()
-    tuned = said[0]["tuned"]
+    tuned = [dict(zip(FIELDS, setting)) for setting in said[0]["tuned"]]
     assert len(tuned) == 5, tuned            # the cycle time's 5 candidates, the last one the setting it settled on
     assert all(s["fusion_threshold"] == 2 * MIB and s["cache_enabled"] for s in tuned), tuned

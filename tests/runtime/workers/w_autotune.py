@@ -3,6 +3,7 @@ synchronized) runs STEPS steps with HOROVOD_AUTOTUNE=1; each rank then prints th
 in order, and whether rank 0's tuner has settled (test_autotune.py compares them across ranks and with the log)."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -21,6 +22,7 @@ for step in range(int(sys.argv[1])):
     for g in grads:
         g[...] = 1.0
 lane = context.runtime().lanes[0]
-line = json.dumps({"rank": hvd.rank(), "tuned": [vars(p) for p in lane.tuned], "settled": lane.tuner is None})
-print("TUNED " + line, flush=True)
+tuned = [[p.fusion_threshold, p.cycle_time_ms, p.cache_enabled, p.hierarchical_allreduce] for p in lane.tuned]
+line = json.dumps({"rank": hvd.rank(), "tuned": tuned, "settled": lane.tuner is None}, separators=(",", ":"))
+os.write(1, f"TUNED {line}\n".encode())   # one short write: the ranks share stdout (long lines interleave)
 hvd.shutdown()
