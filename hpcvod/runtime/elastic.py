@@ -323,12 +323,15 @@ def _spawn(MPI: Any, rest: Any, rank_hosts: list[str]) -> Any:
     ranks of ``rest`` (which keep their state in memory; the new ranks get it from ``state.sync()``)."""
     program = json.loads(os.environ[elastic_link.COMMAND_VARIABLE])
     first = rest.Get_size()
+    started_on = set(elastic_link.expand_slots(os.environ[elastic_link.SLOTS_VARIABLE]))   # mpirun's hosts
     args, infos = [], []
     for rank in range(first, len(rank_hosts)):
         args.append(["-m", "hpcvod.runtime.elastic_start", "--assign", f"{rank}:{','.join(rank_hosts)}", "--",
                      *program])
         info = MPI.Info.Create()
         info.Set("host", rank_hosts[rank])
+        if rank_hosts[rank] not in started_on:   # a host mpirun was not given: PRRTE adds it (ssh, or here)
+            info.Set("PMIX_ADD_HOST", rank_hosts[rank])
         infos.append(info)
     if rest.Get_rank() == 0:
         print(f"hpcvod: rank 0: elastic: starting {len(args)} rank(s) on {', '.join(rank_hosts[first:])}",

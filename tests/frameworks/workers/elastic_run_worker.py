@@ -10,6 +10,8 @@ or lost shows. MODE:
   ``raise_all``: every rank raises at step FAIL_AT;
   ``kill_until N``: the last rank of a world of N ranks or more dies at step FAIL_AT, then train until the world
   has N ranks again (its host back from the blacklist);
+  ``grow_kill N``: as ``grow``, then the rank spawned last SIGKILLs itself 3 steps after the world reached N
+  ranks; train on until STEPS_AFTER steps after that;
   ``fixed``: train STEPS steps (reset-limit / timeout tests kill ranks from outside).
 Every rank that finishes writes OUT_DIR/rank<start rank>.json. OUT_DIR/progress<start rank> holds the last
 committed step (the test waits on it before changing hosts).
@@ -43,12 +45,12 @@ def main() -> None:
     start_rank = context.rank()
     env = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
     state = ObjectState(collectives.broadcast_object, context.rank, step=0, params=np.zeros(4), history=[],
-                        reached=-1, smallest=1 << 30)
+                        reached=-1, smallest=1 << 30, grown_at=-1)
     seen: dict = {"resets": [], "sizes": []}
     state.register_reset_callbacks([lambda: seen["resets"].append([context.rank(), context.size()])])
 
     def done() -> bool:
-        if mode in ("grow", "shrink", "kill_until"):
+        if mode in ("grow", "shrink", "kill_until", "grow_kill"):
             return state.reached >= 0 and state.step >= state.reached + STEPS_AFTER
         return state.step >= STEPS
 
@@ -56,12 +58,16 @@ def main() -> None:
     def train(state: ObjectState) -> None:
         while not done():
             step = state.step
-            if step == FAIL_AT and context.size() > 1:
+            # raise_all: a rank that saw another fail first and reset raises in the next world (every rank fails)
+            if step == FAIL_AT and (context.size() > 1 or mode == "raise_all"):
                 if mode == "kill" and start_rank == 1 or mode == "kill_until" and context.size() >= goal \
                         and context.rank() == context.size() - 1:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if mode == "raise" and start_rank == 1 or mode == "raise_all":
                     raise RuntimeError(f"rank {start_rank} fails on purpose at step {step}")
+            if mode == "grow_kill" and state.grown_at >= 0 and step == state.grown_at + 3 \
+                    and context.size() >= goal and context.rank() == context.size() - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             mean = reduction.allreduce(np.full(4, float(step)), average=True, name="step")
             time.sleep(PAUSE)
             state.params = state.params + mean
@@ -69,8 +75,11 @@ def main() -> None:
             state.step = step + 1
             size = context.size()
             state.smallest = min(state.smallest, size)
+            if mode == "grow_kill" and size >= goal and state.grown_at < 0:
+                state.grown_at = state.step
             if state.reached < 0 and (mode == "grow" and size >= goal or mode == "shrink" and size <= goal
-                                      or mode == "kill_until" and size >= goal > state.smallest):
+                                      or mode == "kill_until" and size >= goal > state.smallest
+                                      or mode == "grow_kill" and state.grown_at >= 0 and size < goal):
                 state.reached = state.step
             seen["sizes"].append(size)
             if context.rank() == 0:
