@@ -140,7 +140,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="site profile name or path (default: $HPCVOD_SITE, hostname patterns, local)")
     p.add_argument("--nodes", "-N", type=int, help="number of nodes (default 1)")
     p.add_argument("--min-nodes", type=int, metavar="M", help="elastic (hvd.elastic.run): the job survives a failed "
-                   "node and trains on while M nodes are left (Slurm with Open MPI's mpirun; docs/elastic.md)")
+                   "node and trains on while M nodes are left (Slurm or PBS, Open MPI's mpirun; docs/elastic.md)")
     p.add_argument("--gpus-per-node", "-G", type=int, metavar="N",
                    help="GPUs PER NODE, one rank each (default: every GPU of the partition's nodes; -G 0: CPU ranks "
                    "on a GPU partition). For a total as sbatch's --gpus, use --gpus")
