@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
 HARNESS = Path(__file__).resolve().parent / "horovod_examples_harness"
 EXAMPLES_VARIABLE = "HPCVOD_HOROVOD_EXAMPLES"
 AS_HOROVOD = "hpcvod run --as-horovod"
+# the script trains on a tf.data service: its compute job (1 rank) started beside it, the config file its argument
+WITH_COMPUTE_JOB = "hpcvod run, beside a compute job"
 _OPTIMIZER_VARIABLES = ("hvd.broadcast_variables(opt.variables(), root_rank=0)",
                         "hvd.broadcast_variables(opt.variables, root_rank=0)",
                         "Keras 3's optimizer.variables is a list, no longer a method")
@@ -47,7 +49,7 @@ class Example:
     framework: str = "torch"
     changes: tuple[tuple[str, str, str], ...] = ()  # (old, new, why)
     launch: str = "hpcvod run"     # "python": the script starts its ranks itself with horovod.run;
-    # "hpcvod run --as-horovod": the script unchanged, its horovod.X loaded as hpcvod.X
+    # "hpcvod run --as-horovod": the script unchanged, its horovod.X loaded as hpcvod.X; WITH_COMPUTE_JOB
     fails: str = ""                # does not run: the error it fails with
     needs: str = ""                # does not run here: a package this venv lacks
 
@@ -67,6 +69,8 @@ CORPUS: list[Example] = [
     Example("tensorflow2/tensorflow2_mnist.py", ("2", "localhost:2", "mpi"), r"Step #10\tLoss", "tensorflow",
             changes=(_OPTIMIZER_VARIABLES,), launch="python"),
     Example("tensorflow2/tensorflow2_keras_mnist.py", (), r"Epoch 2/2", "tensorflow"),
+    Example("tensorflow2/tensorflow2_mnist_data_service.py", (), r"Epoch 2/2", "tensorflow",
+            launch=WITH_COMPUTE_JOB),
     Example("tensorflow2/tensorflow2_synthetic_benchmark.py", ("--batch-size", "2", "--num-warmup-batches", "1",
             "--num-batches-per-iter", "1", "--num-iters", "2", "--no-cuda"), r"Total img/sec on 2 CPU\(s\)",
             "tensorflow", changes=(_OPTIMIZER_VARIABLES,)),
@@ -91,8 +95,6 @@ CORPUS: list[Example] = [
     Example("keras/keras_imagenet_resnet50.py", framework="tensorflow",
             fails="module 'tensorflow' has no attribute 'ConfigProto'"),
 ]
-# Not in the corpus: tensorflow2_mnist_data_service*.py (a tf.data service job of its own, started on Spark or
-# with horovodrun's compute job: tests/frameworks/test_tf_data_service*.py).
 
 
 def hpcvod_import_lines(source: str) -> str:
@@ -128,12 +130,16 @@ def prepared(example: Example, folder: Path, into: Path) -> Path:
         source = source.replace(old, new)
     script = into / Path(example.path).name
     script.write_text(source)
+    for helper in (folder / example.path).parent.glob(Path(example.path).stem + "_*.py"):   # modules it imports
+        (into / helper.name).write_text(hpcvod_import_lines(helper.read_text()))
     return script
 
 
 def run_example(example: Example, script: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = rank_env({"PYTHONPATH": f"{HARNESS}{os.pathsep}{ROOT}", "HOME": str(cwd), "KERAS_HOME": str(cwd / "keras"),
                     "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if example.launch == WITH_COMPUTE_JOB:
+        return run_beside_compute_job(script, cwd, env)
     if example.launch == "python":
         argv = [sys.executable, str(script), *example.args]
     else:
@@ -144,6 +150,24 @@ def run_example(example: Example, script: Path, cwd: Path) -> subprocess.Complet
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{example.path} did not finish within 400 s\n{(exc.stdout or '')[-3000:]}\n"
                     f"{(exc.stderr or '')[-3000:]}")
+
+
+def run_beside_compute_job(script: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The training script on 2 ranks and its tf.data service compute job on 1, meeting through CONFIG; the
+    script's last line (``compute_client().shutdown()`` on rank 0) must end the compute job."""
+    config = cwd / "compute-config"
+    hpcvod_run = [sys.executable, "-m", "hpcvod.cli", "run"]
+    compute = subprocess.Popen([*hpcvod_run, "-np", "1", sys.executable, "-m", "hpcvod.tensorflow.data.compute_worker",
+                                "--dispatchers", "1", "--dispatcher-side", "compute", str(config)],
+                               env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        training = run_or_fail([*hpcvod_run, "-np", "2", sys.executable, str(script), str(config)], env, 400,
+                               "the data-service example")
+        compute_output, _ = compute.communicate(timeout=120)
+    finally:
+        compute.kill()
+    assert compute.returncode == 0, f"the compute job: exit status {compute.returncode}\n{compute_output[-3000:]}"
+    return training
 
 
 def case_id(example: Example) -> str:

@@ -126,3 +126,13 @@ def test_the_ranks_import_hpcvod_mxnet_before_unpickling_a_function_that_uses_mx
     proc = call(tmp_path, MXNET_BODY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULTS [[2.0, 2.0], [2.0, 2.0]]" in proc.stdout, proc.stdout
+
+
+def test_horovods_get_env_rank_and_size_on_two_ranks_and_outside_a_launch(tmp_path: Path) -> None:
+    proc = call(tmp_path, """
+        from hpcvod.runner.common.util.env import get_env_rank_and_size
+        print("OUTSIDE", get_env_rank_and_size())
+        print("RANKS", hpcvod.run(get_env_rank_and_size, np=2))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OUTSIDE (0, 1)" in proc.stdout and "RANKS [(0, 2), (1, 2)]" in proc.stdout, proc.stdout

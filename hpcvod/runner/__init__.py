@@ -8,6 +8,9 @@ and closures by value; else pickle, by reference) into a private folder (0700), 
 every rank that raised or ended without a result; MPI's launcher ends the other ranks when one fails, so a
 failing rank never leaves the caller waiting.
 
+``hpcvod.runner.common.util.env.get_env_rank_and_size()`` is Horovod's helper of that path (Horovod's tf.data
+service example reads its rank and size with it before ``init()``).
+
 Ranks on other hosts must see the folder: with remote hosts it is made in the current directory (on a cluster,
 a shared file system) instead of the local temporary directory.
 """
@@ -163,7 +166,7 @@ def _results(folder: str, count: int, status: int) -> list[Any]:
     raise RunError(message, failed)
 
 
-def _rank_main(folder: str) -> int:
+def rank_main(folder: str) -> int:
     """On each rank: call the function, write its outcome to FOLDER/rank.R; exit 1 if it raised."""
     from hpcvod.launchers.label import rank_of
 
@@ -197,6 +200,3 @@ def _rank_main(folder: str) -> int:
     partial.rename(where / f"rank.{rank}")   # whole or absent: the caller never reads half a result
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1]))
