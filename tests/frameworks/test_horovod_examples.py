@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from frameworks_helpers import ROOT, rank_env, require_framework, run_or_fail
+from frameworks_helpers import ROOT, rank_env, require_framework
 
 pytestmark = [pytest.mark.mpi, pytest.mark.frameworks]
 
@@ -161,8 +161,8 @@ def run_beside_compute_job(script: Path, cwd: Path, env: dict[str, str]) -> subp
                                 "--dispatchers", "1", "--dispatcher-side", "compute", str(config)],
                                env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        training = run_or_fail([*hpcvod_run, "-np", "2", sys.executable, str(script), str(config)], env, 400,
-                               "the data-service example")
+        training = subprocess.run([*hpcvod_run, "-np", "2", sys.executable, str(script), str(config)], env=env,
+                                  cwd=str(cwd), capture_output=True, text=True, timeout=400)
         compute_output, _ = compute.communicate(timeout=120)
     finally:
         compute.kill()
