@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import hpcvod.runtime as rt
 
@@ -53,6 +54,32 @@ class Checks:
             raise AssertionError(f"did not raise; Horovod raises {expected.__name__}")
         body.__name__ = case
         self(body)
+
+    def expect_set_and_shutdown_misuses(self, hvd: Any, collectives: dict[str, Callable[..., object]],
+                                        expected: Callable[[str, str], type],
+                                        without_this_rank: bool = True) -> None:
+        """The misuses every framework shares, for each collective ``collectives[c](process_set=...)``: a registered
+        set without this rank (``without_this_rank``; rank 0, its member, passes), a set never registered, a call
+        after ``hvd.shutdown()`` (then ``hvd.init()`` again). ``expected(collective, kind)`` is Horovod's type,
+        kind one of "without_this_rank", "unregistered", "after_shutdown"."""
+        if without_this_rank:
+            only_rank_0 = hvd.add_process_set([0])
+            for c, call in collectives.items():
+                case = f"{c}_on_a_set_without_this_rank"
+                if hvd.rank() == 0:
+                    self.results[case] = {"ok": True, "detail": "rank 0 is a member"}
+                else:
+                    self.expect_raises(case, expected(c, "without_this_rank"),
+                                       lambda call=call: call(process_set=only_rank_0))
+            hvd.remove_process_set(only_rank_0)
+        unregistered = hvd.ProcessSet([0])
+        for c, call in collectives.items():
+            self.expect_raises(f"{c}_on_an_unregistered_process_set", expected(c, "unregistered"),
+                               lambda call=call: call(process_set=unregistered))
+        hvd.shutdown()
+        for c, call in collectives.items():
+            self.expect_raises(f"{c}_after_shutdown", expected(c, "after_shutdown"), call)
+        hvd.init()
 
     def report(self, path: str) -> None:
         everyone = rt.allgather_object(self.results)

@@ -88,23 +88,6 @@ MISUSES: list[tuple[str, type, Callable[[], object]]] = [
 for case, expected, misuse in MISUSES:
     check.expect_raises(case, expected, misuse)
 
-# A set this rank is not in, then one never registered
-only_rank_0 = hvd.add_process_set([0])
-for collective, call in COLLECTIVES.items():
-    if RANK != 0:
-        check.expect_raises(f"{collective}_on_a_set_without_this_rank", RuntimeError,
-                            lambda call=call: call(process_set=only_rank_0))
-    else:
-        check.results[f"{collective}_on_a_set_without_this_rank"] = {"ok": True, "detail": "rank 0 is a member"}
-hvd.remove_process_set(only_rank_0)
-unregistered = hvd.ProcessSet([0])
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_on_an_unregistered_process_set", RuntimeError,
-                        lambda call=call: call(process_set=unregistered))
-
-# After shutdown; then init again to report
-hvd.shutdown()
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_after_shutdown", RuntimeError, call)
-hvd.init()
+# A set without this rank, one never registered, after shutdown: all MXNetError (RuntimeError) in Horovod
+check.expect_set_and_shutdown_misuses(hvd, COLLECTIVES, lambda c, kind: RuntimeError)
 check.report(output_path())

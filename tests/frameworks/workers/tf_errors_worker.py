@@ -89,25 +89,9 @@ for case, expected, misuse in MISUSES:
 for case, expected, misuse in MISUSES:
     check.expect_raises(f"{case}_in_a_tf1_graph", expected, in_graph(misuse))
 
-# A set this rank is not in (Horovod: InvalidArgumentError), then one never registered
-only_rank_0 = hvd.add_process_set([0])
-for collective, call in COLLECTIVES.items():
-    if RANK != 0:
-        check.expect_raises(f"{collective}_on_a_set_without_this_rank", INVALID,
-                            lambda call=call: call(process_set=only_rank_0))
-    else:
-        check.results[f"{collective}_on_a_set_without_this_rank"] = {"ok": True, "detail": "rank 0 is a member"}
-hvd.remove_process_set(only_rank_0)
-unregistered = hvd.ProcessSet([0])
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_on_an_unregistered_process_set",
-                        ValueError if collective in SIZE_ASKED_FIRST else INVALID,
-                        lambda call=call: call(process_set=unregistered))
-
-# After shutdown; then init again to report
-hvd.shutdown()
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_after_shutdown", ValueError if collective in SIZE_ASKED_FIRST else MISMATCH,
-                        call)
-hvd.init()
+# A set without this rank or never registered: InvalidArgumentError; after shutdown: FailedPreconditionError;
+# ValueError for allreduce and grouped_allreduce in the last two (they ask the set's size first)
+check.expect_set_and_shutdown_misuses(
+    hvd, COLLECTIVES, lambda c, kind: ValueError if c in SIZE_ASKED_FIRST and kind != "without_this_rank"
+    else MISMATCH if kind == "after_shutdown" else INVALID)
 check.report(output_path())

@@ -64,15 +64,8 @@ MISUSES: list[tuple[str, type, Callable[[], object]]] = [
 for case, expected, misuse in MISUSES:
     check.expect_raises(case, expected, misuse)
 
-# A process set that was never registered (Horovod: "does not exist, or has not been registered")
-unregistered = hvd.ProcessSet([0])
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_on_an_unregistered_process_set", ValueError,
-             lambda call=call: call(process_set=unregistered))
-
-# After shutdown (Horovod: a precondition error, RuntimeError); then init again to report
-hvd.shutdown()
-for collective, call in COLLECTIVES.items():
-    check.expect_raises(f"{collective}_after_shutdown", RuntimeError, call)
-hvd.init()
+# A process set never registered (Horovod: "does not exist, or has not been registered": ValueError); after
+# shutdown (Horovod: a precondition error, RuntimeError)
+check.expect_set_and_shutdown_misuses(hvd, COLLECTIVES, lambda c, kind: ValueError if kind == "unregistered"
+                                      else RuntimeError, without_this_rank=False)
 check.report(output_path())
