@@ -9,7 +9,13 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from test_elastic import AFTER_ONE_FAILURE, _explain, assert_trained_on, run_elastic
+
+# run_elastic's own limit (420 s: three torch processes start slowly on a loaded 2-core machine) ends a hang
+# with the ranks' tracebacks; pytest's must not cut it short
+pytestmark = pytest.mark.timeout(480)
 
 
 def test_each_world_is_recorded_for_status_in_a_private_file(tmp_path: Path) -> None:
