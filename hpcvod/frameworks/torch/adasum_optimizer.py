@@ -21,7 +21,7 @@ import hpcvod.runtime as rt
 from hpcvod.frameworks._common import set_rank_size
 from hpcvod.frameworks.torch import mpi_ops
 from hpcvod.frameworks.torch.compression import Compressor
-from hpcvod.frameworks.torch.optimizer import _DistributedOptimizer, common_setup
+from hpcvod.frameworks.torch.optimizer_state import common_setup, remove_hooks, set_backward_passes_per_step
 from hpcvod.runtime.adasum import check_size
 
 
@@ -108,5 +108,5 @@ class DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self._hvd_base, self).zero_grad(set_to_none)
 
     # the same as the averaging optimizer's
-    set_backward_passes_per_step = _DistributedOptimizer.set_backward_passes_per_step
-    _hvd_remove_hooks = _DistributedOptimizer._hvd_remove_hooks
+    set_backward_passes_per_step = set_backward_passes_per_step
+    _hvd_remove_hooks = remove_hooks

@@ -20,55 +20,10 @@ import hpcvod.runtime as rt
 from hpcvod.frameworks._common import average_as_prescale, set_rank_size
 from hpcvod.frameworks.torch import mpi_ops
 from hpcvod.frameworks.torch.compression import Compression, Compressor
+from hpcvod.frameworks.torch.optimizer_state import common_setup, remove_hooks, set_backward_passes_per_step
 
 _INSTANCE_OVERRIDES = ("step", "zero_grad", "synchronize")
 BUCKET_BYTES = 25 * 1024 * 1024  # default reduction bucket (DDP's default too)
-
-
-def parameter_names(optimizer: torch.optim.Optimizer,
-                    named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> dict[int, str]:
-    """id(parameter) -> the name its reductions use (Horovod's checks and its names for unnamed parameters); sets
-    Horovod's ``_parameter_names`` attribute on ``optimizer``."""
-    all_params = [p for group in optimizer.param_groups for p in group["params"]]
-    if named_parameters is not None:
-        named = list(named_parameters)
-        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
-                             "model.named_parameters()")
-        seen: set[str] = set()
-        duplicates = sorted({name for name, _ in named if name in seen or seen.add(name)})
-        if duplicates:
-            raise ValueError(f"Parameter names in named_parameters must be unique; duplicates: "
-                             f"{', '.join(duplicates)}")
-        names = {id(p): name for name, p in named}
-        unnamed = [i for i, p in enumerate(all_params) if id(p) not in names]
-        if unnamed:
-            raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) are not "
-                             f"in it (positions {unnamed[:10]} in the param groups)")
-        # Horovod's attribute, read by Horovod code and tests: parameter -> its name
-        optimizer._parameter_names = {p: name for name, p in sorted(named, key=lambda item: item[0])}
-    else:
-        # Horovod's names for unnamed parameters: group and position in it, unique over several groups
-        names = {id(p): f"noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
-                 for j, p in enumerate(group["params"])}
-        optimizer._parameter_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
-    return names
-
-
-def common_setup(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                 compression: type[Compressor], backward_passes_per_step: int, process_set: Any) -> None:
-    """The state both distributed optimizers (averaging and Adasum) keep: names, compression, the process set,
-    the backward passes per step and the parameters to update."""
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    all_params = [p for group in optimizer.param_groups for p in group["params"]]
-    names = parameter_names(optimizer, named_parameters)
-    optimizer._hvd_names = {p: f"allreduce.{names[id(p)]}" for p in all_params}
-    optimizer._hvd_compression = compression
-    optimizer._hvd_process_set = process_set
-    optimizer.backward_passes_per_step = backward_passes_per_step
-    optimizer._hvd_delay = {p: backward_passes_per_step for p in all_params}
-    optimizer._hvd_requires_update = [p for p in all_params if p.requires_grad]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -220,12 +175,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._hvd_should_synchronize = True
 
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        if passes < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
-        self.backward_passes_per_step = passes
-        for p in self._hvd_delay:
-            self._hvd_delay[p] = passes
+    set_backward_passes_per_step = set_backward_passes_per_step
 
     def step(self, closure: Any = None) -> Any:
         if self._hvd_should_synchronize:
@@ -249,10 +199,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "a race condition.")
         return super(self._hvd_base, self).zero_grad(set_to_none)
 
-    def _hvd_remove_hooks(self) -> None:
-        for hook in self._hvd_hooks:
-            hook.remove()
-        self._hvd_hooks.clear()
+    _hvd_remove_hooks = remove_hooks
 
 
 _class_cache: dict[tuple[type, type], type] = {}
