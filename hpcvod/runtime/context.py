@@ -69,7 +69,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             "do not lower mpi4py.rc.thread_level")
     check_mpi_flavour(MPI.Get_library_version())  # the MPI the script promised (HPCVOD_MPI_FLAVOUR)
     if comm is None and os.environ.get("HPCVOD_ELASTIC_JOIN"):   # spawned into a running elastic job
-        from .elastic import join_running_world
+        from .elastic_link import join_running_world
         comm = join_running_world(MPI)
     if comm is None:
         check_world_size(MPI.COMM_WORLD.Get_size(), MPI.Get_library_version())

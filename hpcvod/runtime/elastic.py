@@ -344,17 +344,6 @@ def _spawn(MPI: Any, rest: Any, rank_hosts: list[str]) -> Any:
     return merged
 
 
-def join_running_world(MPI: Any) -> Any:
-    """In a rank spawned at a reset (HPCVOD_ELASTIC_JOIN), ``hvd.init()``'s communicator: this rank merged with
-    the ranks that spawned it, after them (the other side of :func:`_spawn`)."""
-    os.environ.pop(elastic_link.JOIN_VARIABLE, None)
-    parent = MPI.Comm.Get_parent()
-    merged = parent.Merge(high=True)
-    parent.Disconnect()
-    _elastic.world_hosts = merged.allgather(_elastic.host)
-    return merged
-
-
 def _exit_after_finalize(code: int) -> None:
     """Arrange this process's exit with ``code`` after MPI_Finalize, which Open MPI needs to count it as gone
     rather than failed (registered last, so it runs before mpi4py's and context's exit hooks)."""
@@ -401,6 +390,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) ->
         notification_manager.register_listener(state)
         if _elastic.start_rank < 0:
             _elastic.start_rank = context.rank()
+        if not _elastic.world_hosts:   # a rank spawned at a reset learnt its world's hosts when it joined
+            _elastic.world_hosts = elastic_link.joined_world_hosts
         if elastic_link.driver_link(_elastic.host, notification_manager.handle_hosts_updated) is not None \
                 and not _elastic.world_hosts:   # the first world: the driver's slots, in rank order
             _elastic.world_hosts = elastic_link.expand_slots(os.environ[elastic_link.SLOTS_VARIABLE])

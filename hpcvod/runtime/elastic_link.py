@@ -28,6 +28,20 @@ SLOTS_VARIABLE = "HPCVOD_ELASTIC_SLOTS"      # the first world's hosts in rank o
 COMMAND_VARIABLE = "HPCVOD_ELASTIC_COMMAND"  # JSON list: the program every rank runs (spawned ranks too)
 JOIN_VARIABLE = "HPCVOD_ELASTIC_JOIN"        # set in a rank spawned into a running world: merge with it at init
 CONNECT_SECONDS = 30.0
+joined_world_hosts: list[str] = []   # in a spawned rank: each rank's host in the world it joined
+
+
+def join_running_world(MPI: Any) -> Any:
+    """In a rank spawned at a reset (``HPCVOD_ELASTIC_JOIN``), ``hvd.init()``'s communicator: this rank merged
+    with the ranks that spawned it, after them (the other side of ``elastic._spawn``), and each rank's host in it.
+    Here rather than in elastic.py, so that context.py, below elastic.py, can call it."""
+    global joined_world_hosts
+    os.environ.pop(JOIN_VARIABLE, None)
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True)
+    parent.Disconnect()
+    joined_world_hosts = merged.allgather(os.environ.get("HOROVOD_HOSTNAME", ""))
+    return merged
 
 
 def expand_slots(text: str) -> list[str]:
