@@ -112,6 +112,10 @@ def start_mpi(timeout: float | None = None) -> ModuleType:
         f"{timeout:g} s, so this rank stops; the launcher's PMI/PMIx service or the network between the "
         f"ranks did not answer (the launcher's own errors, if any, are above: a wrong `srun --mpi=` "
         f"plugin, a rank that never started); HPCVOD_INIT_TIMEOUT sets the limit, 0 waits for ever"))
+    if os.environ.get("OMPI_MCA_mpi_ft_enable") == "1":   # Open MPI's ULFM (mpirun --with-ft ulfm sets it)
+        # read by MPI_Init below: without it, the ranks that survive a failure wait for ever in MPI_Finalize's
+        # fence for the dead ones (seen with elastic jobs, on one machine and across nodes)
+        os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
     try:
         from mpi4py import MPI
         if not MPI.Is_initialized():
