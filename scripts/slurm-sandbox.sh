@@ -47,6 +47,8 @@ pid_alive() {  # pid_alive PIDFILE [COMM]: the pid in PIDFILE runs (and, if give
   [ -s "$f" ] || return 1
   p=$(cat "$f" 2>/dev/null) || return 1
   [[ $p =~ ^[0-9]+$ ]] && kill -0 "$p" 2>/dev/null || return 1
+  # a killed daemon not yet reaped (a zombie) still answers kill -0: it is not running
+  [ "$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$p/status" 2>/dev/null)" != Z ] || return 1
   [ -z "$comm" ] || [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$comm" ]
 }
 stop_pids() {  # SIGTERM the given pids, wait up to 15 s, SIGKILL what is left
