@@ -15,13 +15,15 @@ import pkgutil
 
 from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, label_argv, registered, without_outer_launch
 
-_NOT_LAUNCHERS = {"base", "label", "run"}  # run: `hpcvod run`, a command (moves to the CLI)
+# not launchers: run (`hpcvod run`, a command, moved to the CLI); elastic_driver (`hpcvod run`'s elastic mode: it
+# supervises a launch, it does not render one)
+NOT_LAUNCHERS = {"base", "label", "run", "elastic_driver"}
 
 
 def all_launchers() -> dict[str, type[Launcher]]:
     """Every launcher of this package, by name: each module of the folder is imported once and registers its own."""
     for module in pkgutil.iter_modules(__path__):
-        if module.name not in _NOT_LAUNCHERS:
+        if module.name not in NOT_LAUNCHERS:
             importlib.import_module(f"{__name__}.{module.name}")
     return registered()
 

@@ -164,9 +164,11 @@ def test_containers(golden_workdir):
     path = golden_workdir / "apptainer-site.yaml"
     path.write_text(profile_text)
     site = load_site(str(path), environ=NO_USER_CONFIG)
-    plan = resolve(JobSpec(program="train.py", nodes=1, gpus_per_node=2, container="/images/t.sif"), site,
+    image = golden_workdir / "t.sif"   # an image file that exists: a missing one is refused (test_container_checks)
+    image.write_bytes(b"")
+    plan = resolve(JobSpec(program="train.py", nodes=1, gpus_per_node=2, container=str(image)), site,
                    golden_host(gpus=2))
-    assert plan.program_argv[:6] == ("apptainer", "exec", "--nv", "--bind", "/scratch", "/images/t.sif")
+    assert plan.program_argv[:6] == ("apptainer", "exec", "--nv", "--bind", "/scratch", str(image))
 
 
 # ---- per-job scheduler options (hpcvod/sites/joboptions.py) ------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 
 from hpcvod.jobs.plan import resolve
 from hpcvod.jobs.spec import JobSpec
-from hpcvod.launchers import LaunchLine, LaunchRequest, all_launchers, launcher_for, launcher_kinds
+from hpcvod.launchers import NOT_LAUNCHERS, LaunchLine, LaunchRequest, all_launchers, launcher_for, launcher_kinds
 from hpcvod.launchers.base import _REGISTRY, Launcher, register
 from hpcvod.sites import UserError
 from submission_helpers import SCHEDULER_OPTIONS, golden_host, load_site
@@ -30,8 +30,8 @@ def _cases() -> list[tuple[str, str, str]]:
 
 def test_the_registry_finds_every_launcher_module() -> None:
     modules = {p.stem for p in Path(__import__("hpcvod.launchers").launchers.__file__).parent.glob("*.py")}
-    assert {cls.__module__.rpartition(".")[2] for cls in LAUNCHERS.values()} == modules - {"__init__", "base", "run",
-                                                                                           "label"}
+    assert {cls.__module__.rpartition(".")[2] for cls in LAUNCHERS.values()} == modules - {"__init__"} - NOT_LAUNCHERS
+    assert NOT_LAUNCHERS == {"base", "label", "run", "elastic_driver"}   # a new module is a launcher unless listed
     assert {"srun", "openmpi", "hydra"} <= set(LAUNCHERS)
 
 
