@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from . import collectives, context
+from . import context
 from .config import number
 
 EVENTS_ENV = "HPCVOD_ELASTIC_EVENTS"
@@ -34,6 +34,7 @@ def world_changed(resets: int) -> None:
     least = int(MIN_NODES.read(0))
     if path is None and not least:
         return
+    from . import collectives   # here: importing it loads mpi4py.MPI, and importing elastic must not start MPI
     hosts = collectives.allgather_object(context.runtime().info.hostname, name="hpcvod.elastic.hosts")
     nodes = sorted(set(hosts))
     if path is not None and context.rank() == 0:
