@@ -74,23 +74,23 @@ def lose_node(cluster: Cluster, node: str, job: str, set_down: bool) -> None:
 
 
 def restore_node(cluster: Cluster, node: str) -> None:
-    """slurmd started again (the sandbox's `up` starts what is missing); ReturnToService=2 makes the DOWN node
-    usable once it registers. Waits until Slurm no longer reports it down (other tests may need it)."""
+    """slurmd started again (the sandbox's `up` starts what is missing) and the node resumed. Waits until Slurm no
+    longer reports it down or not responding (other tests need it)."""
     env = {**os.environ, "HPCVOD_SANDBOX_ACCOUNTING": "1" if cluster.accounting else "0"}
-    deadline = time.monotonic() + 120
-    state = "*"
+    deadline = time.monotonic() + 180
+    state, up = "*", None
     while time.monotonic() < deadline:
-        if "*" in state:   # slurmd not answering: (again) start what is missing; `up` skips a slurmd it sees
-            # running, and the killed one may not be reaped yet when the job ends
+        if "down" in state:   # set DOWN by the test: `up` waits for ready nodes, which a DOWN one never is
+            run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30)
+        if "*" in state:   # slurmd not answering: start what is missing again (the killed one may have been
+            # a zombie, not yet reaped, when the job ended); its own 30 s wait may fail while the node resumes
             up = run([SANDBOX_SCRIPT, "up", str(len(cluster.nodes))], env=env, timeout=300)
-            assert up.returncode == 0, up.stdout + up.stderr
         state = run(["sinfo", "-h", "-n", node, "-o", "%t"], timeout=30).stdout.split("\n")[0].strip()
         if state and "down" not in state and "*" not in state and "drain" not in state:
             return
-        if "down" in state:
-            run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30)
         time.sleep(2)
-    raise AssertionError(f"sandbox node {node} still {state!r} two minutes after its slurmd was restarted")
+    raise AssertionError(f"sandbox node {node} still {state!r} three minutes after its slurmd was restarted"
+                         + (f"; the last `up`: {up.stdout}{up.stderr}" if up is not None else ""))
 
 
 def _replay(history: list) -> list[list[float]]:

@@ -63,7 +63,9 @@ def test_pending_reasons_expected_start_and_ctrl_c_leave_the_job_queued(slurm_cl
         # no terminal: a plain line per change, with the reason and the expected start squeue --start shows
         proc = subprocess.Popen([REPO / ".venv" / "bin" / "python", "-m", "hpcvod.cli", "status", "--wait", waiting],
                                 cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True,
+                                # Ctrl-C reaches it even when the tests run as a background job (SIGINT ignored)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         seen = _read_until(proc, rf"^job {waiting}: PENDING \(Resources\)  expected start \d{{4}}-\d\d-\d\d \d\d:\d\d$")
         shown = re.search(r"expected start (\S+ \S+)", seen).group(1)
         slurm_says = run(["squeue", "--start", "--noheader", "--jobs", waiting, "--format", "%S"]).stdout.strip()

@@ -136,7 +136,9 @@ def _pty_run(argv: list[str], cwd: Path, env: dict[str, str], until: str, timeou
              ) -> tuple[subprocess.Popen, str]:
     """Start argv with a pty as stdout/stderr; read until ``until`` appears (or the time is up)."""
     main_fd, sub_fd = pty.openpty()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=sub_fd, stderr=sub_fd)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=sub_fd, stderr=sub_fd,
+                            # Ctrl-C reaches it even when the tests run as a background job (SIGINT ignored there)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(sub_fd)
     text, deadline = "", time.monotonic() + timeout
     while until not in text and time.monotonic() < deadline:
