@@ -1,7 +1,8 @@
 """``hpcvod run``'s elastic flags, horovodrun's (``--min-np``, ``--max-np``, ``--host-discovery-script``,
 ``--slots-per-host``, ``--elastic-timeout``, ``--reset-limit``, ``--blacklist-cooldown-range``), and the step from
 them to the elastic driver (hpcvod/launchers/elastic_driver.py). As in horovodrun, ``--host-discovery-script`` or
-``--min-np`` makes the job elastic."""
+``--min-np`` makes the job elastic. Open MPI's worlds shrink and grow in place (ULFM); MPICH's and Intel MPI's
+are restarted at each reset from the commit the hosts keep on node-local storage (docs/elastic.md)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,6 @@ def run(args: argparse.Namespace, hosts: list[tuple[str, int]] | None, mpi: Any,
     """Check the elastic flags (one line each) and run the job under the elastic driver."""
     from hpcvod.launchers import elastic_driver as driver
 
-    if mpi.flavour != "openmpi":
-        raise UserError(f"elastic hpcvod run: needs the Open MPI flavour (ULFM, mpirun --with-ft ulfm); this MPI is "
-                        f"{mpi.flavour}, where the ranks left would hang when one dies (docs/elastic.md)")
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise UserError(f"--slots-per-host {args.slots_per_host}: expected a number of slots from 1")
     if args.host_discovery_script:
@@ -74,7 +72,11 @@ def run(args: argparse.Namespace, hosts: list[tuple[str, int]] | None, mpi: Any,
         min_np=min_np, max_np=args.max_np, start_np=args.np, elastic_timeout=timeout, reset_limit=args.reset_limit,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None)
     driver.check_settings(settings)
-    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-    start = driver.openmpi_world(mpi.launcher, extra_args, is_root, folder)
     env = {name: value for name, value in env.items() if name != "HPCVOD_WORLD_SIZE"}   # the size changes
-    return driver.run_elastic(source, settings, program, start, env)
+    if mpi.flavour == "openmpi":   # ULFM: the world shrinks in place and grows by MPI_Comm_spawn
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        start = driver.openmpi_world(mpi.launcher, extra_args, is_root, folder)
+        return driver.run_elastic(source, settings, program, start, env)
+    # MPICH, Intel MPI: no ULFM; each reset starts a new world that resumes from node-local commits
+    return driver.run_elastic(source, settings, program, driver.hydra_world(mpi.launcher, extra_args), env,
+                              restart=True)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -42,9 +44,12 @@ WorldStarter = Callable[[HostSlots, int, dict[str, str]], subprocess.Popen]
 # horovodrun's bounds of --blacklist-cooldown-range (horovod/runner/elastic/discovery.py)
 COOLDOWN_LOWEST, COOLDOWN_HIGHEST = 1, 3600
 DISCOVERY_TIMEOUT = 60.0   # one run of the discovery script
+LINK_GRACE_SECONDS = 2.0   # after a world ends: a rank link still open then is of an unreachable host
 # horovodrun's default --elastic-timeout
 DEFAULT_ELASTIC_TIMEOUT = 600.0
 ADDED, REMOVED = 2, 1      # HostUpdateResult's flags (hpcvod/runtime/elastic.py)
+# Horovod's words (horovod/runner/elastic/constants.py), as the runtime prints them (hpcvod/runtime/elastic.py)
+RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,7 @@ class _Driver:
         self.discovered: HostSlots = []
         self.told: HostSlots = []      # the hosts the ranks last heard of (at the start, a push or a reset)
         self.links: list[socket.socket] = []
+        self.ranks: list[dict] = []    # restarting worlds: each rank of this world that said hello, and its bye
         self.ended: str | None = None  # the one line the job ended with, from a reset
         self.server = socket.create_server(("", 0))
         self.server.settimeout(None)
@@ -214,6 +220,10 @@ class _Driver:
                 f"{self.settings.elastic_timeout:g} s (usable: {', '.join(f'{h}:{s}' for h, s in hosts) or 'none'}"
                 + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "") + ")")
 
+    def every_host_blacklisted(self) -> str:
+        return (f"hpcvod run: elastic: every host is blacklisted ({', '.join(self.blacklist.names(time.time()))}): "
+                f"no rank is left to train")
+
     # ----------------------------------------------------------------------------- the ranks' links
     def serve(self) -> None:
         while True:
@@ -225,15 +235,20 @@ class _Driver:
 
     def _talk(self, conn: socket.socket) -> None:
         stream = conn.makefile("rb")
+        rank = None
         try:
             hello = json.loads(stream.readline() or b"{}")
             if hello.get("op") != "hello" or not secrets.compare_digest(str(hello.get("token", "")), self.token):
                 return   # not one of this job's ranks
+            rank = {"host": str(hello.get("host", "")), "why": None, "detail": "", "closed": None}
             with self.lock:
                 self.links.append(conn)
+                self.ranks.append(rank)
             for line in stream:
                 request = json.loads(line)
-                if request.get("op") == "plan":
+                if request.get("op") == "bye":
+                    rank.update(why=str(request.get("why")), detail=str(request.get("detail", ""))[:500])
+                elif request.get("op") == "plan":
                     self._send(conn, self._plan(request.get("failed", [])))
                 elif request.get("op") == "failed":
                     self._blacklist(request.get("failed", []))
@@ -243,6 +258,8 @@ class _Driver:
             with self.lock:
                 if conn in self.links:
                     self.links.remove(conn)
+                if rank is not None:
+                    rank["closed"] = time.monotonic()
             conn.close()
 
     def _send(self, conn: socket.socket, message: dict) -> None:
@@ -290,9 +307,123 @@ class _Driver:
                 self._send(conn, {"op": "hosts_updated", "ts": time.time(), "result": result})
 
 
+def hydra_world(mpiexec: str, extra_args: list[str]) -> WorldStarter:
+    """Start a world with MPICH's or Intel MPI's ``mpiexec`` (Hydra), filling the hosts' slots in order. Without
+    ULFM every world is started anew (``restart=True`` in :func:`run_elastic`). Hydra ends the other ranks when
+    one dies; the first to see it tells the driver which rank it was (``-disable-auto-cleanup`` would keep them
+    alive, but MPICH 5.0.2's Hydra then signals SIGUSR1 to the others whenever a rank exits, even after
+    MPI_Finalize, and exited 141 or 243 in about one run in three where every rank had finished: measured)."""
+    def start(hosts: HostSlots, np: int, env: dict[str, str]) -> subprocess.Popen:
+        argv = [mpiexec, "-n", str(np), "-hosts",
+                ",".join(f"{host}:{slots}" for host, slots in hosts), *extra_args,
+                sys.executable, "-m", "hpcvod.runtime.elastic_start", "--", *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
+        return subprocess.Popen(argv, env=env)
+    return start
+
+
+def state_folder(env: dict[str, str]) -> str:
+    """Where the ranks of restarted worlds keep the last commit: a new folder name under the node-local temporary
+    folder (TMPDIR, else /tmp), made by each host's ranks, 0700 (runtime/elastic_restart.py)."""
+    base = env.get("HPCVOD_ELASTIC_STATE_BASE") or env.get("TMPDIR") or "/tmp"
+    return os.path.join(base, f"hpcvod-elastic-{os.getuid()}-{secrets.token_hex(6)}")
+
+
+def _world_slots(hosts: HostSlots, max_np: int | None) -> tuple[HostSlots, int]:
+    """The hosts' slots a world fills (in order, at most ``max_np``) and its number of ranks."""
+    np = min(sum(s for _, s in hosts), max_np or sum(s for _, s in hosts))
+    rank_hosts = [host for host, slots in hosts for _ in range(slots)][:np]
+    return [(h, rank_hosts.count(h)) for h in dict.fromkeys(rank_hosts)], np
+
+
+def _failed_hosts(ranks: list[dict], rank_hosts: list[str]) -> list[str]:
+    """The hosts to blacklist after a world ended, in rank order: those of ranks that failed on their own (they
+    said so), of ranks whose link is still open when their world has ended (their host is unreachable), and of the
+    rank whose link closed first without a word (it died; the launcher then ends the others, whose links close
+    later: measured with Intel MPI's Hydra, which can end a rank before it has seen the death). Only when no rank
+    went silent: the ranks other ranks saw die (``peer``: the runtime's line names it, ``rank N ...``)."""
+    failed = [rank["host"] for rank in ranks if rank["why"] == "failed"]
+    silent = [rank for rank in ranks if rank["why"] is None]
+    failed += [rank["host"] for rank in silent if rank["closed"] is None]
+    closed = sorted((rank for rank in silent if rank["closed"] is not None), key=lambda rank: rank["closed"])
+    failed += [rank["host"] for rank in closed[:1]]
+    if not silent:
+        for rank in ranks:
+            seen = re.match(r"rank (\d+)\b", rank["detail"]) if rank["why"] == "peer" else None
+            if seen and int(seen.group(1)) < len(rank_hosts):
+                failed.append(rank_hosts[int(seen.group(1))])
+    order = {host: i for i, host in reversed(list(enumerate(rank_hosts)))}
+    return sorted(set(failed), key=lambda host: (order.get(host, len(order)), host))
+
+
+def _run_restarting(driver: "_Driver", settings: ElasticSettings, hosts: HostSlots, start_world: WorldStarter,
+                    world_env: dict[str, str], err: IO[str]) -> int:
+    """Worlds one after the other, each started anew on the usable hosts, until one finishes (docs/elastic.md,
+    "Restarting the world"). Between worlds: the hosts of ranks that died (said nothing) or failed are
+    blacklisted, the reset limit and the minimum are checked; the ranks of the next world resume from the newest
+    commit a host kept on node-local storage (runtime/elastic_restart.py)."""
+    world_env = dict(world_env)
+    world_env.pop("HPCVOD_ELASTIC_RESET_LIMIT", None)   # counted here: each world is a new process
+    generation, unexplained = 0, 0
+    while True:
+        used, np = _world_slots(hosts, settings.max_np)
+        with driver.lock:
+            driver.ranks = []
+            driver.told = hosts
+        env = {**world_env, "HPCVOD_ELASTIC_RESTART": str(generation),
+               "HPCVOD_ELASTIC_SLOTS": ",".join(f"{h}:{n}" for h, n in used)}
+        world = start_world(used, np, env)
+        try:
+            while world.poll() is None:
+                try:
+                    world.wait(timeout=settings.discovery_interval)
+                except subprocess.TimeoutExpired:
+                    driver.push_changes()
+        except KeyboardInterrupt:
+            world.terminate()
+            world.wait()
+            return 130
+        code = world.returncode
+        deadline = time.monotonic() + LINK_GRACE_SECONDS   # the last words and closes still in flight
+        while time.monotonic() < deadline:
+            with driver.lock:
+                ranks = [dict(rank) for rank in driver.ranks]
+            if all(rank["closed"] is not None for rank in ranks):
+                break
+            time.sleep(0.02)
+        whys = [rank["why"] for rank in ranks]
+        if code == 0 and "restart" not in whys or ranks and all(why == "done" for why in whys):
+            return code   # trained (a non-zero status after every rank finished training is the program's)
+        failed = _failed_hosts(ranks, [h for h, n in used for _ in range(n)])
+        if not failed and "restart" not in whys:
+            unexplained += 1
+            if unexplained >= 2 or not ranks:   # nothing says which host to leave out: starting again won't help
+                print(f"hpcvod run: elastic: world {generation} ended with status {code} before "
+                      f"{'its ranks reached hvd.elastic.run' if not ranks else 'any rank said why'}; ending the job",
+                      file=err, flush=True)
+                return code or 1
+        else:
+            unexplained = 0
+        generation += 1
+        if settings.reset_limit and generation > settings.reset_limit:
+            print(RESET_LIMIT_EXCEEDED_MESSAGE.format(settings.reset_limit), file=err, flush=True)
+            return code or 1
+        driver._blacklist(failed)
+        forever = settings.cooldown_range is None and driver.discovered and not driver.usable()
+        hosts = None if forever else driver.wait_for(settings.min_np)
+        if hosts is None:
+            if driver.discovered and not driver.usable():
+                print(driver.every_host_blacklisted(), file=err, flush=True)
+            else:
+                print(f"hpcvod run: {driver.too_few(settings.min_np)}", file=err, flush=True)
+            return code or 1
+        print(f"hpcvod run: elastic: starting world {generation} on {', '.join(f'{h}:{s}' for h, s in hosts)}",
+              file=err, flush=True)
+
+
 def run_elastic(source: HostSource, settings: ElasticSettings, program: list[str], start_world: WorldStarter,
-                env: dict[str, str], err: IO[str] = sys.stderr) -> int:
-    """Run ``program`` as an elastic job (module docstring); returns its exit status."""
+                env: dict[str, str], err: IO[str] = sys.stderr, restart: bool = False) -> int:
+    """Run ``program`` as an elastic job (module docstring); returns its exit status. ``restart``: the MPI has no
+    ULFM, so each reset starts a new world (:func:`_run_restarting`) instead of shrinking and spawning."""
     check_settings(settings)
     driver = _Driver(source, settings, err)
     needed = settings.start_np or settings.min_np
@@ -300,15 +431,22 @@ def run_elastic(source: HostSource, settings: ElasticSettings, program: list[str
     if hosts is None:
         print(f"hpcvod run: {driver.too_few(needed)}", file=err, flush=True)
         return 1
-    np = min(sum(s for _, s in hosts), settings.max_np or sum(s for _, s in hosts))
-    rank_hosts = [host for host, slots in hosts for _ in range(slots)][:np]
+    used, np = _world_slots(hosts, settings.max_np)
     driver.told = hosts
     threading.Thread(target=driver.serve, name="hpcvod-elastic-driver", daemon=True).start()
     world_env = {**env, "HPCVOD_ELASTIC_DRIVER": driver.address, "HPCVOD_ELASTIC_TOKEN": driver.token,
-                 "HPCVOD_ELASTIC_SLOTS": ",".join(f"{h}:{rank_hosts.count(h)}" for h in dict.fromkeys(rank_hosts)),
+                 "HPCVOD_ELASTIC_SLOTS": ",".join(f"{h}:{n}" for h, n in used),
                  "HPCVOD_ELASTIC_COMMAND": json.dumps(program)}
     if settings.reset_limit:
         world_env["HPCVOD_ELASTIC_RESET_LIMIT"] = str(settings.reset_limit)
+    if restart:
+        world_env["HPCVOD_ELASTIC_STATE_DIR"] = state_folder(world_env)
+        try:
+            return _run_restarting(driver, settings, hosts, start_world, world_env, err)
+        finally:
+            driver.server.close()
+            # this node's copies (every host's, on one machine); other nodes' are removed by their ranks at the end
+            shutil.rmtree(world_env["HPCVOD_ELASTIC_STATE_DIR"], ignore_errors=True)
     world = start_world(hosts, np, world_env)
     try:
         while world.poll() is None:
@@ -327,6 +465,5 @@ def run_elastic(source: HostSource, settings: ElasticSettings, program: list[str
         print(f"hpcvod run: {driver.ended}", file=err, flush=True)
         return code or 1
     if code != 0 and driver.discovered and not driver.usable():
-        print(f"hpcvod run: elastic: every host is blacklisted ({', '.join(driver.blacklist.names(time.time()))}):"
-              f" no rank is left to train", file=err, flush=True)
+        print(driver.every_host_blacklisted(), file=err, flush=True)
     return code

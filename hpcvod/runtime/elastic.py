@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from collections import Counter
 
-from . import context, elastic_job, elastic_link, session
+from . import context, elastic_job, elastic_link, elastic_restart, session
 from .config import number
 from .errors import (HostsUpdatedInterrupt, HpcvodConfigError, HpcvodError, HpcvodInputError,
                      HpcvodMismatchError, HpcvodNotInitializedError, HpcvodRankFailureError, HpcvodShutdownError,
@@ -117,8 +117,12 @@ class State:
         self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
-        """Save the state in host memory (the copy a reset restores), then :meth:`check_host_updates`."""
+        """Save the state in host memory (the copy a reset restores), then :meth:`check_host_updates`. When the
+        world restarts instead of shrinking (runtime/elastic_restart.py), the copy also goes to node-local storage
+        before this returns."""
         self.save()
+        if _elastic.store is not None:
+            _elastic.store.write(self)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -148,6 +152,16 @@ class State:
     def reset(self) -> None:
         """Called after a reset, before the state is synchronised."""
 
+    def _snapshot(self) -> dict[str, Any]:
+        """The committed copy as picklable values, for a world that restarts (runtime/elastic_restart.py)."""
+        raise HpcvodConfigError(f"{type(self).__name__} cannot be kept on node-local storage for a restarted world "
+                                f"(an MPI without ULFM, or a lost node): it defines no _snapshot()/_load_snapshot() "
+                                f"(docs/elastic.md)")
+
+    def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Make ``snapshot`` (from :meth:`_snapshot`) the committed copy; ``restore()`` then applies it."""
+        self._snapshot()
+
 
 class ObjectState(State):
     """Plain Python values given as keyword arguments, exposed as attributes, broadcast from rank 0 by
@@ -174,6 +188,12 @@ class ObjectState(State):
         for attr, value in self._saved_state.items():
             setattr(self, attr, value)
 
+    def _snapshot(self) -> dict[str, Any]:
+        return {"objects": dict(self._saved_state)}
+
+    def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        self._saved_state = dict(snapshot["objects"])
+
 
 # ------------------------------------------------------------------------------------------- the world
 class _Elastic:
@@ -184,6 +204,7 @@ class _Elastic:
         self.start_rank = -1      # the rank this process had when run() first started
         self.host = os.environ.get("HOROVOD_HOSTNAME", "")   # the driver's name of this rank's host
         self.world_hosts: list[str] = []   # each rank's host in the current world (hpcvod run's driver only)
+        self.store: elastic_restart.StateStore | None = None   # set while a restarting world trains
 
 
 _elastic = _Elastic()
@@ -193,6 +214,11 @@ def absorbs_failure(rt: Any, reason: str) -> bool:
     """The elastic switch of the runtime's failure path (``session.Runtime.abort_job``): inside ``run``, a dead or
     failed rank breaks this world instead of ending the job. Returns whether it did."""
     if not _elastic.inside:
+        return False
+    if _elastic.store is not None:   # a restarting world ends as any job; the driver learns this rank is sound
+        link = elastic_link.current_link()
+        if link is not None:
+            link.say("peer", reason)
         return False
     if not _break_world(rt, reason):   # an MPI error broke it first: still say which rank the watchdog saw go
         print(f"hpcvod: rank {rt.info.rank if rt.info else -1}: {reason}", file=sys.stderr, flush=True)
@@ -384,6 +410,9 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) ->
     step after the world is rebuilt, before ``state.on_reset()``)."""
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        generation = elastic_restart.generation()
+        if generation is not None:
+            return _run_restarting(func, state, generation, args, kwargs)
         check_fault_tolerant_mpi()
         limit = RESET_LIMIT.read(0)
         notification_manager.init()
@@ -435,6 +464,60 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None] | None = None) ->
             _elastic.inside = was_inside
             notification_manager.remove_listener(state)
     return wrapper
+
+
+def _run_restarting(func: Callable[..., Any], state: State, generation: int, args: tuple, kwargs: dict) -> Any:
+    """``run`` in a world that the elastic driver restarts instead of shrinking (runtime/elastic_restart.py):
+    resume from the newest node-local commit, train, and on a host change write the state and end this world
+    with EXIT_RESTART. A dead rank ends the world through the runtime's failure path (every rank errors)."""
+    rt = context.runtime()
+    me = context.rank()
+    if _elastic.start_rank < 0:
+        _elastic.start_rank = me
+    host = _elastic.host or rt.info.hostname
+    link = elastic_link.driver_link(host, notification_manager.handle_hosts_updated)
+    # the driver's hosts may be names of one machine (tests): the first rank of each name writes its copy
+    store = elastic_restart.StateStore(host, int(os.environ.get("HOROVOD_LOCAL_RANK", rt.info.local_rank)))
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    was_inside, _elastic.inside = _elastic.inside, True
+    try:
+        serial = elastic_restart.resume(state, store, me) if generation else -1
+        elastic_job.world_changed(generation)
+        if generation:
+            if me == 0:
+                print(f"hpcvod: rank 0: elastic: world {generation} of {context.size()} ranks resumes from "
+                      + (f"commit {serial}" if serial >= 0 else "the start (no host kept a commit)"),
+                      file=sys.stderr, flush=True)
+            state.on_reset()
+        if serial < 0:
+            state.sync()
+        _elastic.store = store
+        try:
+            result = func(state, *args, **kwargs)
+        except HostsUpdatedInterrupt:
+            state.save()   # carried over as it is, as Horovod's reset does
+            store.write(state)
+            if link is not None:
+                link.say("restart", "hosts updated")
+            if me == 0:
+                print("hpcvod: rank 0: elastic: hosts changed; the state is on node-local storage and this world "
+                      "ends for the driver to start the next", file=sys.stderr, flush=True)
+            raise SystemExit(elastic_restart.EXIT_RESTART) from None
+        except BaseException as exc:
+            if rt.failed is not None:   # the world failed (its line is printed): no traceback of it on every rank
+                raise SystemExit(rt.exit_code or session.EXIT_RANK_FAILURE) from None
+            if link is not None and not isinstance(exc, SystemExit):
+                link.say("failed", f"{type(exc).__name__}: {exc}")   # this rank's own error: its host is suspect
+            raise
+        if link is not None:
+            link.say("done", "")
+        store.remove()
+        return result
+    finally:
+        _elastic.store = None
+        _elastic.inside = was_inside
+        notification_manager.remove_listener(state)
 
 
 __all__ = ["State", "ObjectState", "run_fn", "notification_manager", "WorkerNotificationManager",

@@ -6,8 +6,9 @@ rank inside ``hvd.elastic.run`` keeps one TCP connection to it (newline-delimite
 ``{"op": "hosts_updated", "ts": T, "result": R}`` when discovery finds hosts added or removed (they reach the
 states as Horovod's ``HostsUpdatedInterrupt`` at the next ``commit()``), and at a reset the new world's rank 0
 asks for the hosts to use (``{"op": "plan", ...}``, answered ``{"op": "plan", "hosts": [[host, slots], ...],
-"max_np": N}`` or ``{"op": "plan", "error": LINE}``). Without a driver (a plain ``mpirun --with-ft ulfm``) there
-is no link and the world only shrinks.
+"max_np": N}`` or ``{"op": "plan", "error": LINE}``). When the driver restarts worlds instead (an MPI without
+ULFM, runtime/elastic_restart.py) each rank says why its world ends (``{"op": "bye", "why": ...}``). Without a driver (a plain
+``mpirun --with-ft ulfm``) there is no link and the world only shrinks.
 
 Only the standard library: this runs on every rank and must not import the submission side.
 """
@@ -26,6 +27,7 @@ DRIVER_VARIABLE = "HPCVOD_ELASTIC_DRIVER"
 TOKEN_VARIABLE = "HPCVOD_ELASTIC_TOKEN"
 SLOTS_VARIABLE = "HPCVOD_ELASTIC_SLOTS"      # the first world's hosts in rank order: h1:2,h2:1
 COMMAND_VARIABLE = "HPCVOD_ELASTIC_COMMAND"  # JSON list: the program every rank runs (spawned ranks too)
+RESTART_VARIABLE = "HPCVOD_ELASTIC_RESTART"  # the world's generation when the driver restarts worlds
 JOIN_VARIABLE = "HPCVOD_ELASTIC_JOIN"        # set in a rank spawned into a running world: merge with it at init
 CONNECT_SECONDS = 30.0
 joined_world_hosts: list[str] = []   # in a spawned rank: each rank's host in the world it joined
@@ -112,6 +114,15 @@ class DriverLink:
         the driver's elastic timeout for enough hosts."""
         self._send({"op": "plan", "hosts": hosts, "failed": failed})
         return self._replies.get()
+
+    def say(self, why: str, detail: str) -> None:
+        """Why this rank's world ends, for a driver that restarts worlds: ``done`` (training finished),
+        ``restart`` (hosts changed), ``peer`` (another rank died or failed) or ``failed`` (this rank's own
+        error). A rank that says nothing died: the driver blacklists its host."""
+        try:
+            self._send({"op": "bye", "why": why, "detail": detail[:500]})
+        except OSError:   # the driver is gone: the world's end will say so
+            pass
 
     def report_failed(self, failed: list[str]) -> None:
         """The hosts of ranks that died or failed when no rank is left to plan for (the driver blacklists them)."""

@@ -202,9 +202,7 @@ def test_single_dash_hostfile_as_horovodrun_spells_it(tmp_path):
     (["--tcp"], "choose the interface with --network-interface"),
     (["--binding-args", "--bind-to core"], "give the MPI launcher's binding options with --mpi-args"),
     # no equivalent named: the nearest of hpcvod run's flags by spelling
-    # elastic flags: Open MPI only (ULFM), and only in an elastic job
-    (["--min-num-proc", "2"], "elastic hpcvod run: needs the Open MPI flavour (ULFM, mpirun --with-ft ulfm); this "
-                              "MPI is mpich"),
+    # elastic flags: only in an elastic job (every flavour: tests/frameworks/test_elastic_restart.py)
     (["--hierarchical-allgather"], "; the nearest of hpcvod run: --hierarchical-allreduce"),
     (["--elastic-timeout", "60"], "--elastic-timeout: only for an elastic job; give --min-np or "
                                   "--host-discovery-script too"),

@@ -72,6 +72,13 @@ class TensorFlowState(ObjectState):
         self._save_model()
         super().sync()
 
+    def _snapshot(self) -> dict[str, Any]:
+        return {**super()._snapshot(), "variables": list(self._values)}
+
+    def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        super()._load_snapshot(snapshot)
+        self._values = list(snapshot["variables"])
+
     def _save_model(self) -> None:
         self._values = [v.numpy() if self._bcast_op is None else v.eval(self.session) for v in self.variables]
 

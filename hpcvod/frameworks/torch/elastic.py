@@ -17,6 +17,7 @@ from hpcvod.frameworks.torch.functions import (broadcast_object, broadcast_optim
                                                broadcast_parameters)
 from hpcvod.runtime import rank, size
 from hpcvod.runtime.elastic import ObjectState, State, run_fn
+from hpcvod.runtime.errors import HpcvodConfigError
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -193,6 +194,21 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def _snapshot(self) -> dict[str, Any]:
+        snapshot = super()._snapshot()
+        for name, handler in self._handlers.items():
+            if not isinstance(handler, _StateDictHandler):
+                raise HpcvodConfigError(f"TorchState: {name}'s handler {type(handler).__name__} keeps no state "
+                                        f"dict, so it cannot be kept on node-local storage for a restarted world "
+                                        f"(docs/elastic.md)")
+        snapshot["handlers"] = {name: handler._saved for name, handler in self._handlers.items()}
+        return snapshot
+
+    def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        super()._load_snapshot(snapshot)
+        for name, handler in self._handlers.items():
+            handler._saved = snapshot["handlers"][name]
 
     def __setattr__(self, name: str, value: Any) -> None:
         if hasattr(self, name) and name in self._handlers:

@@ -59,7 +59,9 @@ def main() -> None:
         while not done():
             step = state.step
             # raise_all: a rank that saw another fail first and reset raises in the next world (every rank fails)
-            if step == FAIL_AT and (context.size() > 1 or mode == "raise_all"):
+            # a restarted world (MPICH, Intel MPI) is new processes: only the first world's ranks fail on purpose
+            first_world = os.environ.get("HPCVOD_ELASTIC_RESTART", "0") == "0" or mode in ("kill_until", "raise_all")
+            if step == FAIL_AT and (context.size() > 1 or mode == "raise_all") and first_world:
                 if mode == "kill" and start_rank == 1 or mode == "kill_until" and context.size() >= goal \
                         and context.rank() == context.size() - 1:
                     os.kill(os.getpid(), signal.SIGKILL)

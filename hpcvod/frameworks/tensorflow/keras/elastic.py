@@ -17,6 +17,7 @@ from hpcvod.frameworks.tensorflow import elastic as tensorflow_elastic
 from hpcvod.frameworks.tensorflow.functions import broadcast_object, broadcast_variables
 from hpcvod.runtime import rank
 from hpcvod.runtime.elastic import ObjectState, State
+from hpcvod.runtime.errors import HpcvodConfigError
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,6 +55,19 @@ class KerasState(ObjectState):
     def save(self) -> None:
         self._save_model()
         super().save()
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {**super()._snapshot(), "variables": [value for _, value in self._saved_values]}
+
+    def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        super()._load_snapshot(snapshot)
+        if self.optimizer is not None and not self.optimizer.built:   # a fresh process: Keras builds it lazily
+            self.optimizer.build(self.model.trainable_variables)
+        variables = self._variables()
+        if len(variables) != len(snapshot["variables"]):
+            raise HpcvodConfigError(f"KerasState: the committed state has {len(snapshot['variables'])} variables, "
+                                    f"this model and optimizer {len(variables)}")
+        self._saved_values = list(zip(variables, snapshot["variables"]))
 
     def restore(self) -> None:
         self._load_model()
