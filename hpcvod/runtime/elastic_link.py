@@ -6,9 +6,9 @@ rank inside ``hvd.elastic.run`` keeps one TCP connection to it (newline-delimite
 ``{"op": "hosts_updated", "ts": T, "result": R}`` when discovery finds hosts added or removed (they reach the
 states as Horovod's ``HostsUpdatedInterrupt`` at the next ``commit()``), and at a reset the new world's rank 0
 asks for the hosts to use (``{"op": "plan", ...}``, answered ``{"op": "plan", "hosts": [[host, slots], ...],
-"max_np": N}`` or ``{"op": "plan", "error": LINE}``). When the driver restarts worlds instead (an MPI without
-ULFM, runtime/elastic_restart.py) each rank says why its world ends (``{"op": "bye", "why": ...}``). Without a driver (a plain
-``mpirun --with-ft ulfm``) there is no link and the world only shrinks.
+"max_np": N}`` or ``{"op": "plan", "error": LINE}``). When the driver restarts worlds instead (an MPI
+without ULFM, runtime/elastic_restart.py) each rank says why its world ends (``{"op": "bye", "why": ...}``).
+Without a driver (a plain ``mpirun --with-ft ulfm``) there is no link and the world only shrinks.
 
 Only the standard library: this runs on every rank and must not import the submission side.
 """
