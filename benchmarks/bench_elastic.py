@@ -6,6 +6,9 @@
 1. **Recovery**: the time from a rank's death (SIGKILL of the rank that started as 2, right after its step
    ``--kill-at``, between two commits) to the end of the first training step after it, for
    - hpcvod's elastic mode (``hvd.elastic.run``, ``mpirun --with-ft ulfm``): the survivors reset in memory;
+   - hpcvod's elastic mode restarting the world (``hpcvod run --min-np`` with the main venv's MPICH, no ULFM):
+     the world ends, a new one of the ranks left starts and resumes from the commit kept on node-local storage
+     (process start, imports, MPI start and the state's load counted);
    - hpcvod's requeue path: the same job without elastic mode ends (the runtime ends every rank), and is started
      again at once, resuming from its last hpcvod checkpoint (process start, imports, MPI start and restore
      counted; a scheduler's queue time is not);
@@ -33,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -118,6 +122,26 @@ def recovery_elastic(tmp: Path, n: int, worker_args: list[str]) -> dict:
             "parts": {"seen": min(r["failure_seen"] for r in ranks) - death}}
 
 
+def recovery_restart(tmp: Path, n: int, worker_args: list[str]) -> dict | str:
+    """hpcvod run's elastic driver with MPICH (no ULFM): the world ends, the driver blacklists the dead rank's
+    host and starts a world of n-1 ranks, which resumes from the commit kept on node-local storage."""
+    out = tmp / "restart-kill"
+    out.mkdir()
+    if n != 3:   # three names of this machine, one rank each: the killed rank's host is blacklisted
+        return "restart: runs with --ranks 3 only"
+    hosts = ["localhost", "127.0.0.1", socket.gethostname()]
+    argv = [str(ROOT / ".venv" / "bin" / "hpcvod"), "run", "-np", str(n), "--min-np", str(n - 1), "-H",
+            ",".join(f"{h}:1" for h in hosts), sys.executable, str(WORKER), "elastic", str(out), *worker_args]
+    proc, _ = launch(argv)
+    ranks = results(out, "elastic")
+    if proc.returncode != 0 or len(ranks) != n - 1 or any(r["first_step_after"] is None for r in ranks):
+        return outcome("restart", proc, ranks)
+    death = killed_at(out)
+    return {"total": max(r["first_step_after"] for r in ranks) - death,
+            "parts": {"imports": statistics.median(r["imported"] - r["process_start"] for r in ranks),
+                      "new world started": min(r["process_start"] for r in ranks) - death}}
+
+
 def recovery_checkpoint(tmp: Path, n: int, worker_args: list[str]) -> dict:
     out, ckpt = tmp / "ckpt-kill", tmp / "ckpt-dir"
     out.mkdir()
@@ -188,23 +212,24 @@ def main() -> None:
     plain_steps = ["--steps", str(args.steps), *every]
     print(f"bench_elastic: {args.ranks} ranks on {os.cpu_count()} cores, {args.rounds} rounds, commit every "
           f"{args.commit_every} steps; load average at start {os.getloadavg()[0]:.1f}", flush=True)
-    recovery: dict[str, list] = {"elastic": [], "checkpoint": [], "torchrun": []}
+    recovery: dict[str, list] = {"elastic": [], "restart": [], "checkpoint": [], "torchrun": []}
     steady_runs: dict[str, list] = {"plain": [], "elastic": [], "checkpoint": []}
     for round_ in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="bench-elastic-") as name:
             tmp = Path(name)
             if not args.no_recovery:
-                order = ["elastic", "checkpoint", "torchrun"][:: 1 if round_ % 2 == 0 else -1]
+                order = ["elastic", "restart", "checkpoint", "torchrun"][:: 1 if round_ % 2 == 0 else -1]
                 line = {}
                 for kind in order:
                     if kind == "torchrun" and not args.torchrun:
                         continue
-                    got = {"elastic": recovery_elastic, "checkpoint": recovery_checkpoint,
-                           "torchrun": recovery_torchrun}[kind](tmp, args.ranks, kill)
+                    got = {"elastic": recovery_elastic, "restart": recovery_restart,
+                           "checkpoint": recovery_checkpoint, "torchrun": recovery_torchrun}[kind](tmp, args.ranks,
+                                                                                                 kill)
                     recovery[kind].append(got)
                     line[kind] = got
                 cells = []
-                for kind in ("elastic", "checkpoint", "torchrun"):
+                for kind in ("elastic", "restart", "checkpoint", "torchrun"):
                     got = line.get(kind)
                     if isinstance(got, dict):
                         parts = ", ".join(f"{k} {v:.2f}" for k, v in got["parts"].items())

@@ -117,6 +117,8 @@ def run_hpcvod(mode: str, args: argparse.Namespace, clock: Clock) -> None:
             clock.step_done(step, args.steps)
     elif mode == "elastic":
         state = hvd.elastic.TorchState(model, optimizer, step=0)
+        if os.environ.get("HPCVOD_ELASTIC_RESTART", "0") != "0":   # a restarted world (MPICH): after the failure
+            clock.record["failure_seen"] = PROCESS_START
 
         @hvd.elastic.run
         def train(state: hvd.elastic.TorchState) -> None:

