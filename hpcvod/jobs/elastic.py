@@ -14,8 +14,9 @@ What it takes, measured on the Slurm sandbox (2 nodes, Open MPI 5.0.11 / PRRTE 3
 * ``OMPI_MCA_async_mpi_finalize=1``: without it the survivors' MPI_Finalize waits for ever on a fence with the
   ranks that died on the other node.
 
-Where the MPI has no ULFM (MPICH, Intel MPI), or the scheduler has no such request (Grid Engine), it is
-refused in one line saying why. The ranks learn the minimum and where to record each world through the
+Where the MPI has no ULFM (MPICH, Intel MPI), the script runs an elastic driver (launchers/elastic_batch.py) that
+restarts the world on the nodes left, from the commit each node keeps on local storage: Slurm with srun only.
+Where the scheduler has no such request (Grid Engine), it is refused in one line saying why. The ranks learn the minimum and where to record each world through the
 environment (docs/contract.md), read by hpcvod/runtime/elastic_job.py.
 """
 
@@ -55,6 +56,7 @@ class ElasticRequest:
     launcher_args: tuple[str, ...]
     env: dict[str, str]
     directives: tuple[str, ...]
+    restart: bool = False   # no ULFM (MPICH, Intel MPI): the script runs launchers/elastic_batch.py's driver
 
 
 def elastic_request(min_nodes: int | None, nodes: int, site: str, scheduler: str, flavour: str, launcher: str,
@@ -70,17 +72,20 @@ def elastic_request(min_nodes: int | None, nodes: int, site: str, scheduler: str
     if scheduler not in DIRECTIVES:
         why = REFUSALS.get(scheduler, f"the {scheduler} scheduler has no request that keeps a job through a lost node")
         raise UserError(f"{flag}: site {site!r}: {why}; elastic batch jobs need Slurm or PBS (docs/elastic.md)")
-    if flavour != "openmpi":
-        raise UserError(f"{flag}: site {site!r} runs {flavour}, which has no ULFM: the ranks left after a node is "
-                        "lost would hang in their next collective; use an Open MPI profile started by mpirun "
-                        "(docs/elastic.md)")
+    if data_service:
+        raise UserError(f"{flag}: not with --data-service-nodes (a compute job beside an elastic training is not "
+                        "supported)")
+    if flavour != "openmpi":   # no ULFM: the job restarts its world on the nodes left (launchers/elastic_batch.py)
+        if scheduler != "slurm" or launcher != "srun":
+            raise UserError(f"{flag}: site {site!r} runs {flavour}, which has no ULFM; its elastic batch jobs restart "
+                            f"the world with srun inside a Slurm allocation, and this site "
+                            + (f"uses {scheduler}" if scheduler != "slurm" else f"starts ranks with {launcher_kind}")
+                            + " (docs/elastic.md)")
+        return ElasticRequest(min_nodes, (), {MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler], restart=True)
     if launcher != "openmpi":
         raise UserError(f"{flag}: site {site!r} starts ranks with {launcher_kind}; an elastic job needs Open MPI's "
                         "mpirun (launcher.kind: mpirun): under srun, Slurm's pmix plugin ends the whole step when a "
                         "rank reports a failed peer (docs/elastic.md)")
-    if data_service:
-        raise UserError(f"{flag}: not with --data-service-nodes (a compute job beside an elastic training is not "
-                        "supported)")
     return ElasticRequest(min_nodes, (*LAUNCHER_ARGS, *SCHEDULER_LAUNCHER_ARGS.get(scheduler, ())),
                           {**ENV, MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler])
 

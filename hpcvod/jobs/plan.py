@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from hpcvod import __version__
 from hpcvod.containers.image_check import check_image
 from hpcvod.containers.runtimes import pyxis_srun_args, wrap_words
-from hpcvod.jobs.elastic import EVENTS_ENV, elastic_request
+from hpcvod.jobs.elastic import EVENTS_ENV, ElasticRequest, elastic_request
 from hpcvod.jobs.jobdir import find_job
 from hpcvod.jobs.spec import DISPATCHER_SIDES, DataServiceSpec, JobSpec, check_env_name, parse_time
 from hpcvod.launchers import Launcher, LaunchRequest, label_argv, launcher_for, launchers_of_kind
@@ -98,6 +98,7 @@ class LaunchPlan:
     array_index_var: str | None = None  # the scheduler's variable for an array task's index; None: no array
     data_service: DataServicePart | None = None  # a tf.data service compute job beside the training ranks
     min_nodes: int | None = None  # elastic (submit --min-nodes): trains on while this many nodes are left
+    elastic_restart: bool = False  # elastic without ULFM: the launch line is run by launchers/elastic_batch.py
 
     @property
     def env(self) -> dict[str, str]:
@@ -347,6 +348,15 @@ def _mpi(site: Site, host: HostFacts) -> tuple[str, str, HostFacts]:
     return flavour, executable or kind, host
 
 
+def _elastic_driver_argv(elastic: ElasticRequest | None, layout: Any, python: str) -> tuple[str, ...]:
+    """The words before the launch line of an elastic job that restarts its world (MPICH, Intel MPI): the driver
+    runs the line once per world, narrowed to the nodes left (launchers/elastic_batch.py)."""
+    if elastic is None or not elastic.restart:
+        return ()
+    return (python, "-m", "hpcvod.launchers.elastic_batch", "--nodes", str(layout.nodes), "--min-nodes",
+            str(elastic.min_nodes), "--tasks-per-node", str(layout.tasks_per_node), "--")
+
+
 def _program(spec: JobSpec, site: Site, host: HostFacts, gpus: int, flavour: str,
              forward_env: Sequence[str], workdir: str) -> _Program:
     """The program each rank runs, inside the site's container where one is asked for."""
@@ -477,12 +487,15 @@ def resolve(spec: JobSpec, site: Site, host: HostFacts, command: Sequence[str] =
         cpus_per_task=layout.cpus_per_task, gpus_per_node=layout.gpus_per_node, gpu_type=layout.part.gpu_type,
         world_size=layout.world_size, partition=layout.partition, time_seconds=seconds, account=account,
         workdir=scheduler.workdir(host.cwd), mpi_flavour=flavour, launcher=launcher.name,
-        launch_argv=tuple(line.argv) + tuple(label_argv(program.label_python)), program_argv=program.argv,
+        launch_argv=_elastic_driver_argv(elastic, layout, program.label_python) + tuple(line.argv)
+        + (("--",) if elastic and elastic.restart else ()) + tuple(label_argv(program.label_python)),
+        program_argv=program.argv,
         env_groups=tuple((title, tuple(pairs.items())) for title, pairs in groups if pairs),
         module_purge=profile.module_purge, modules=tuple(profile.modules), setup=tuple(profile.setup),
         directive_prefix=scheduler.directive_prefix, directives=(), container=program.image or scheduler.image(),
         command=tuple(command), secret_env=env.secret, options=options, array_index_var=array_index_var,
         data_service=data_service, min_nodes=elastic.min_nodes if elastic else None,
+        elastic_restart=bool(elastic and elastic.restart),
         shared_job_dir=profile.jobs.shared_with_group if spec.shared_job_dir is None else bool(spec.shared_job_dir))
     generated = (scheduler.data_service_directives(data_service, plan) if data_service
                  else scheduler.directives(plan)) + list(elastic.directives if elastic else ())

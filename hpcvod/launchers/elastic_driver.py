@@ -182,7 +182,9 @@ class _Driver:
 
     @property
     def address(self) -> str:
-        return f"{socket.gethostname()}:{self.server.getsockname()[1]}"
+        """``ADDRESS,ADDRESS,...:PORT``: this machine's IPv4 addresses (a rank on another node tries each)."""
+        from hpcvod.runtime.channel import interface_addresses   # the watchdog's own choice of addresses
+        return f"{','.join(interface_addresses())}:{self.server.getsockname()[1]}"
 
     def discover(self) -> HostSlots:
         try:

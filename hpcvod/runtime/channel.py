@@ -24,7 +24,7 @@ from typing import Any, Callable
 MAX_LINE = 64 * 1024            # no message of the channel is longer; a longer line is dropped
 
 
-def _interface_addresses() -> list[str]:
+def interface_addresses() -> list[str]:
     """IPv4 addresses of this host, loopback last (best effort, Linux ioctl with a getaddrinfo fallback)."""
     found: list[str] = []
     try:
@@ -94,7 +94,7 @@ class ControlChannel:
         if self.rank == 0:
             # only the addresses the ranks will use, never 0.0.0.0; the token travels over MPI, not the network
             one_host = len({host for host, _ in identities}) == 1
-            addresses = ["127.0.0.1"] if one_host else _interface_addresses()
+            addresses = ["127.0.0.1"] if one_host else interface_addresses()
             port = 0
             for address in addresses:
                 try:

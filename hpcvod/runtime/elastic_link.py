@@ -77,11 +77,11 @@ class DriverLink:
 
     def __init__(self, address: str, token: str, host: str,
                  on_hosts_updated: Callable[[float, int], None]) -> None:
-        name, _, port = address.rpartition(":")
+        names, _, port = address.rpartition(":")   # the driver's addresses, tried in turn
         deadline = time.monotonic() + CONNECT_SECONDS
         while True:
             try:
-                self._sock = socket.create_connection((name, int(port)), timeout=CONNECT_SECONDS)
+                self._sock = _connect(names.split(","), int(port))
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -127,6 +127,18 @@ class DriverLink:
     def report_failed(self, failed: list[str]) -> None:
         """The hosts of ranks that died or failed when no rank is left to plan for (the driver blacklists them)."""
         self._send({"op": "failed", "failed": failed})
+
+
+def _connect(names: list[str], port: int) -> socket.socket:
+    """The first of the driver's addresses that answers (a short try each: an address of another network does
+    not answer at all)."""
+    error: OSError = OSError("no address of the elastic driver given")
+    for name in names:
+        try:
+            return socket.create_connection((name, port), timeout=2.0)
+        except OSError as exc:
+            error = exc
+    raise error
 
 
 _link: DriverLink | None = None
