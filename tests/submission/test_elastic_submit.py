@@ -1,7 +1,8 @@
 """`submit --min-nodes M` (issue 28 item 3, docs/elastic.md "Batch jobs"): the rendered scripts (golden files: a
 Slurm job started by Open MPI's mpirun with --no-kill, a PBS job with tolerate_node_failures), and the refusals
-(one line, exit status 2, nothing submitted). The job itself losing a node runs in
-tests/cluster/test_slurm_elastic.py.
+(one line, exit status 2, nothing submitted), and an MPICH job under srun, whose script runs the elastic driver
+that restarts the world. The jobs themselves losing a node run in tests/cluster/test_slurm_elastic.py (Open MPI)
+and tests/cluster/test_slurm_elastic_restart.py (MPICH).
 
 Regenerate these goldens after an intended change with
     HPCVOD_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/submission/test_elastic_submit.py
@@ -24,7 +25,8 @@ from hpcvod.schedulers import scheduler_for
 REGEN = os.environ.get("HPCVOD_REGEN_GOLDEN") == "1"
 ARGS = ("--epochs", "3", "--note", "it's a $(test); `x` \"y\"")
 # site -> (nodes, GPUs per node, tasks per node, --min-nodes)
-CASES = {"slurm-sandbox-mpirun": (2, 0, 2, 1), "pbs-ib-openmpi": (4, 4, None, 3)}
+CASES = {"slurm-sandbox-mpirun": (2, 0, 2, 1), "pbs-ib-openmpi": (4, 4, None, 3), "slurm-sandbox": (2, 0, 2, 1)}
+RESTARTING = {"slurm-sandbox"}   # MPICH under srun: the script runs the elastic driver (launchers/elastic_batch.py)
 
 
 def rendered(site_name: str) -> str:
@@ -51,10 +53,16 @@ def test_golden_elastic_scripts(golden_workdir: Path, site: str) -> None:
     # ranks get the minimum and the events file (forwarded by mpirun to every node)
     keep = "#SBATCH --no-kill" if site.startswith("slurm") else "#PBS -W tolerate_node_failures=all"
     assert text.count(keep) == 1
+    assert f"export HPCVOD_ELASTIC_MIN_NODES={CASES[site][3]}\n" in text
+    if site in RESTARTING:   # the driver runs the srun line once per world; no mpirun, no exit-record check
+        launch = next(line for line in text.splitlines() if "-m hpcvod.launchers.elastic_batch " in line)
+        assert launch.split(" -- ")[0].endswith(f"--nodes {nodes} --min-nodes {CASES[site][3]} --tasks-per-node 2")
+        assert " -- srun --mpi=pmi2 " in launch and "--with-ft" not in text
+        assert "mpirun ended the elastic job" not in text
+        return
     launch = next(line for line in text.splitlines() if " --with-ft ulfm " in line)
     for name in ("OMPI_MCA_async_mpi_finalize", "HPCVOD_ELASTIC_MIN_NODES", "HPCVOD_ELASTIC_EVENTS"):
         assert f"-x {name} " in launch
-    assert f"export HPCVOD_ELASTIC_MIN_NODES={CASES[site][3]}\n" in text
     assert 'export HPCVOD_ELASTIC_EVENTS="$HPCVOD_JOB_DIR/elastic-events.jsonl"\n' in text
 
 
@@ -67,11 +75,9 @@ def test_golden_elastic_scripts(golden_workdir: Path, site: str) -> None:
      "--min-nodes -1: expected a whole number of nodes from 1 to --nodes (2)"),
     (("--site", "slurm-sandbox-mpirun", "--nodes", "2", "--min-nodes", "two"),
      "argument --min-nodes: invalid int value: 'two'"),
-    (("--site", "slurm-sandbox", "--nodes", "2", "--min-nodes", "1"),
-     "--min-nodes 1: site 'slurm-sandbox' runs mpich, which has no ULFM: the ranks left after a node is lost would "
-     "hang in their next collective"),
-    (("--site", "slurm-sandbox-intelmpi", "--nodes", "2", "--min-nodes", "1"),
-     "--min-nodes 1: site 'slurm-sandbox-intelmpi' runs intelmpi, which has no ULFM"),
+    (("--site", "pbs-roce-intelmpi", "--nodes", "2", "--min-nodes", "1"),
+     "--min-nodes 1: site 'pbs-roce-intelmpi' runs intelmpi, which has no ULFM; its elastic batch jobs restart the "
+     "world with srun inside a Slurm allocation, and this site uses pbs"),
     (("--site", "slurm-sandbox-openmpi", "--nodes", "2", "--min-nodes", "1"),
      "--min-nodes 1: site 'slurm-sandbox-openmpi' starts ranks with srun; an elastic job needs Open MPI's mpirun "
      "(launcher.kind: mpirun): under srun, Slurm's pmix plugin ends the whole step"),
