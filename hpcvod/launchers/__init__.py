@@ -16,8 +16,8 @@ import pkgutil
 from hpcvod.launchers.base import LaunchLine, Launcher, LaunchRequest, label_argv, registered, without_outer_launch
 
 # not launchers: run (`hpcvod run`, a command, moved to the CLI); elastic_driver (`hpcvod run`'s elastic mode: it
-# supervises a launch, it does not render one)
-NOT_LAUNCHERS = {"base", "label", "run", "elastic_driver"}
+# supervises a launch, it does not render one); elastic_batch (its batch-job form)
+NOT_LAUNCHERS = {"base", "label", "run", "elastic_driver", "elastic_batch"}
 
 
 def all_launchers() -> dict[str, type[Launcher]]:

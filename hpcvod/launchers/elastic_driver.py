@@ -44,6 +44,7 @@ WorldStarter = Callable[[HostSlots, int, dict[str, str]], subprocess.Popen]
 # horovodrun's bounds of --blacklist-cooldown-range (horovod/runner/elastic/discovery.py)
 COOLDOWN_LOWEST, COOLDOWN_HIGHEST = 1, 3600
 DISCOVERY_TIMEOUT = 60.0   # one run of the discovery script
+EXIT_INTERRUPTED = 130     # Ctrl-C
 LINK_GRACE_SECONDS = 2.0   # after a world ends: a rank link still open then is of an unreachable host
 # horovodrun's default --elastic-timeout
 DEFAULT_ELASTIC_TIMEOUT = 600.0
@@ -337,6 +338,22 @@ def _world_slots(hosts: HostSlots, max_np: int | None) -> tuple[HostSlots, int]:
     return [(h, rank_hosts.count(h)) for h in dict.fromkeys(rank_hosts)], np
 
 
+def _supervise(driver: "_Driver", world: subprocess.Popen) -> int:
+    """Wait for ``world`` to end, running the discovery (and telling the ranks of host changes) meanwhile; its
+    exit status, or EXIT_INTERRUPTED after Ctrl-C (the world is ended first)."""
+    try:
+        while world.poll() is None:
+            try:
+                world.wait(timeout=driver.settings.discovery_interval)
+            except subprocess.TimeoutExpired:
+                driver.push_changes()
+    except KeyboardInterrupt:
+        world.terminate()
+        world.wait()
+        return EXIT_INTERRUPTED
+    return world.returncode
+
+
 def _failed_hosts(ranks: list[dict], rank_hosts: list[str]) -> list[str]:
     """The hosts to blacklist after a world ended, in rank order: those of ranks that failed on their own (they
     said so), of ranks whose link is still open when their world has ended (their host is unreachable), and of the
@@ -373,18 +390,9 @@ def _run_restarting(driver: "_Driver", settings: ElasticSettings, hosts: HostSlo
             driver.told = hosts
         env = {**world_env, "HPCVOD_ELASTIC_RESTART": str(generation),
                "HPCVOD_ELASTIC_SLOTS": ",".join(f"{h}:{n}" for h, n in used)}
-        world = start_world(used, np, env)
-        try:
-            while world.poll() is None:
-                try:
-                    world.wait(timeout=settings.discovery_interval)
-                except subprocess.TimeoutExpired:
-                    driver.push_changes()
-        except KeyboardInterrupt:
-            world.terminate()
-            world.wait()
-            return 130
-        code = world.returncode
+        code = _supervise(driver, start_world(used, np, env))
+        if code == EXIT_INTERRUPTED:
+            return code
         deadline = time.monotonic() + LINK_GRACE_SECONDS   # the last words and closes still in flight
         while time.monotonic() < deadline:
             with driver.lock:
@@ -449,20 +457,12 @@ def run_elastic(source: HostSource, settings: ElasticSettings, program: list[str
             driver.server.close()
             # this node's copies (every host's, on one machine); other nodes' are removed by their ranks at the end
             shutil.rmtree(world_env["HPCVOD_ELASTIC_STATE_DIR"], ignore_errors=True)
-    world = start_world(hosts, np, world_env)
     try:
-        while world.poll() is None:
-            try:
-                world.wait(timeout=settings.discovery_interval)
-            except subprocess.TimeoutExpired:
-                driver.push_changes()
-    except KeyboardInterrupt:
-        world.terminate()
-        world.wait()
-        return 130
+        code = _supervise(driver, start_world(hosts, np, world_env))
     finally:
         driver.server.close()
-    code = world.returncode
+    if code == EXIT_INTERRUPTED:
+        return code
     if driver.ended:
         print(f"hpcvod run: {driver.ended}", file=err, flush=True)
         return code or 1

@@ -86,17 +86,17 @@ class StateStore:
         if not self.writer:
             return
         try:
-            data = pickle.dumps({"format": _FORMAT, "serial": self.serial, "state": state._snapshot()},
-                                protocol=pickle.HIGHEST_PROTOCOL)
+            parts = _encode({"format": _FORMAT, "serial": self.serial, "state": state._snapshot()})
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise HpcvodConfigError(f"elastic: commit(): the state cannot be written for a restarted world: "
                                     f"{type(exc).__name__}: {exc} (keep picklable values in the state)") from None
         temporary = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for part in parts:
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
         finally:
             os.close(fd)
         os.replace(temporary, self.path)
@@ -108,7 +108,7 @@ class StateStore:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-            serial = pickle.loads(data)["serial"]
+            serial = _decode(data)["serial"]
         except FileNotFoundError:
             return -1, None
         except Exception as exc:   # a copy that cannot be read is no copy: say so, another host may hold one
@@ -128,6 +128,31 @@ class StateStore:
                     pass
 
 
+def _encode(record: dict) -> list[Any]:
+    """The pieces of the state file: a length and the pickle (protocol 5), then each large array's bytes as they
+    are in memory (pickle's out-of-band buffers: no copy of a model's arrays before the write)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(record, protocol=5, buffer_callback=buffers.append)
+    sizes = [buffer.raw().nbytes for buffer in buffers]
+    index = pickle.dumps((len(head), sizes), protocol=5)
+    return [len(index).to_bytes(8, "little"), index, head, *(buffer.raw() for buffer in buffers)]
+
+
+def _decode(data: bytes) -> dict:
+    """A state file's record (what :func:`_encode` wrote); the arrays are views of ``data``."""
+    view = memoryview(data)
+    size = int.from_bytes(view[:8], "little")
+    head_size, sizes = pickle.loads(view[8:8 + size])
+    at = 8 + size + head_size
+    buffers = []
+    for nbytes in sizes:
+        buffers.append(view[at:at + nbytes])
+        at += nbytes
+    if at != len(data):
+        raise ValueError(f"{len(data) - at} bytes too many or few for the record's arrays")
+    return pickle.loads(view[8 + size:8 + size + head_size], buffers=buffers)
+
+
 def resume(state: Any, store: StateStore, rank: int) -> int:
     """Collective over the new world: load the newest committed state any host kept into ``state`` on every rank.
     Returns its serial (-1: no host kept one, ``state`` is as the program built it)."""
@@ -139,7 +164,7 @@ def resume(state: Any, store: StateStore, rank: int) -> int:
         return -1
     data = collectives.broadcast_object(data if rank == holder else None, root_rank=holder,
                                         name="hpcvod.elastic.restart.state")
-    saved = pickle.loads(data)
+    saved = _decode(data)
     if saved.get("format") != _FORMAT:
         raise HpcvodConfigError(f"elastic: the committed state kept by rank {holder} has format "
                                 f"{saved.get('format')!r}, expected {_FORMAT} (written by another hpcvod version)")

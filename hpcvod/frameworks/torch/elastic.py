@@ -167,6 +167,39 @@ def _split_handled(kwargs: dict[str, Any]) -> tuple[dict[str, StateHandler], dic
     return handlers, plain
 
 
+class _NumpyTensor:
+    """A CPU tensor kept as a NumPy array in a snapshot (turned back into a tensor when loaded)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple:
+        return (_NumpyTensor, (self.array,))
+
+
+def _to_numpy(tensor: torch.Tensor) -> Any:
+    if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16 or tensor.requires_grad:
+        return tensor                      # pickled as torch does it
+    return _NumpyTensor(tensor.contiguous().numpy())
+
+
+def _to_tensor(value: Any) -> Any:
+    return torch.from_numpy(value.array.copy()) if isinstance(value, _NumpyTensor) else value
+
+
+def _tensors_as(value: Any, convert: Callable[[Any], Any]) -> Any:
+    """``value`` (state dicts: dicts, lists, tuples) with every tensor (or _NumpyTensor) passed through ``convert``."""
+    if isinstance(value, (torch.Tensor, _NumpyTensor)):
+        return convert(value)
+    if isinstance(value, dict):
+        return type(value)((key, _tensors_as(item, convert)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors_as(item, convert) for item in value)
+    return value
+
+
 class TorchState(ObjectState):
     """The state of a PyTorch training loop: ``model``, ``optimizer`` and any keyword (models, optimizers and
     ElasticSamplers by their own handlers, anything else as a plain object), as attributes (Horovod's
@@ -202,13 +235,15 @@ class TorchState(ObjectState):
                 raise HpcvodConfigError(f"TorchState: {name}'s handler {type(handler).__name__} keeps no state "
                                         f"dict, so it cannot be kept on node-local storage for a restarted world "
                                         f"(docs/elastic.md)")
-        snapshot["handlers"] = {name: handler._saved for name, handler in self._handlers.items()}
+        # CPU tensors as NumPy views of the committed copies: written out of band, without a copy
+        snapshot["handlers"] = {name: _tensors_as(handler._saved, _to_numpy)
+                                for name, handler in self._handlers.items()}
         return snapshot
 
     def _load_snapshot(self, snapshot: dict[str, Any]) -> None:
         super()._load_snapshot(snapshot)
         for name, handler in self._handlers.items():
-            handler._saved = snapshot["handlers"][name]
+            handler._saved = _tensors_as(snapshot["handlers"][name], _to_tensor)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if hasattr(self, name) and name in self._handlers:
