@@ -75,7 +75,9 @@ def elastic_request(min_nodes: int | None, nodes: int, site: str, scheduler: str
     if data_service:
         raise UserError(f"{flag}: not with --data-service-nodes (a compute job beside an elastic training is not "
                         "supported)")
-    if flavour != "openmpi":   # no ULFM: the job restarts its world on the nodes left (launchers/elastic_batch.py)
+    if flavour != "openmpi" or launcher == "srun":
+        # no ULFM (MPICH, Intel MPI), or Open MPI under srun, whose pmix plugin ends the step at the first failure:
+        # the job restarts its world on the nodes left (launchers/elastic_batch.py)
         if scheduler != "slurm" or launcher != "srun":
             raise UserError(f"{flag}: site {site!r} runs {flavour}, which has no ULFM; its elastic batch jobs restart "
                             f"the world with srun inside a Slurm allocation, and this site "
@@ -83,9 +85,8 @@ def elastic_request(min_nodes: int | None, nodes: int, site: str, scheduler: str
                             + " (docs/elastic.md)")
         return ElasticRequest(min_nodes, (), {MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler], restart=True)
     if launcher != "openmpi":
-        raise UserError(f"{flag}: site {site!r} starts ranks with {launcher_kind}; an elastic job needs Open MPI's "
-                        "mpirun (launcher.kind: mpirun): under srun, Slurm's pmix plugin ends the whole step when a "
-                        "rank reports a failed peer (docs/elastic.md)")
+        raise UserError(f"{flag}: site {site!r} starts Open MPI's ranks with {launcher_kind}; an elastic job needs "
+                        "Open MPI's mpirun (launcher.kind: mpirun) or srun (docs/elastic.md)")
     return ElasticRequest(min_nodes, (*LAUNCHER_ARGS, *SCHEDULER_LAUNCHER_ARGS.get(scheduler, ())),
                           {**ENV, MIN_NODES_ENV: str(min_nodes)}, DIRECTIVES[scheduler])
 

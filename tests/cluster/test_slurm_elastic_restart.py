@@ -1,6 +1,6 @@
 """An elastic batch job on the 2-node Slurm sandbox whose MPI has no ULFM (issue 28 items 3 and 4, docs/elastic.md
 "Batch jobs"): ``hpcvod submit --site slurm-sandbox --nodes 2 --min-nodes 1`` with the MPICH wheel, started by
-srun. The script runs the elastic driver (hpcvod/launchers/elastic_batch.py), which restarts the world on the
+srun (and the same with Intel MPI, and with Open MPI under srun). The script runs the elastic driver (hpcvod/launchers/elastic_batch.py), which restarts the world on the
 nodes left. Mid-run the node that does not run the batch script loses its slurmd and the job's ranks (SIGKILL):
 the driver blacklists it and starts a world on the other node, which resumes from the commit kept on node-local
 storage. The node comes back (its slurmd started again): once its blacklisting has cooled down and Slurm reports
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import Cluster, hpcvod, hpcvod_status, submitted, wait_for_file, wait_for_status
-from test_slurm_elastic import FINISHED, MODEL, WORKER, _replay, lose_node, restore_node
+from cluster_helpers import REPO, Cluster, hpcvod, hpcvod_status, submitted, wait_for_file, wait_for_status
+from test_slurm_elastic import FINISHED, MODEL, WORKER, _replay, _torch_site, lose_node, restore_node
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi, pytest.mark.timeout(900)]
 
@@ -34,12 +34,22 @@ def _sizes(steps_log: str) -> list[int]:
     return sizes
 
 
-def test_a_lost_node_restarts_the_world_on_the_other_and_it_grows_back(slurm_cluster: Cluster,
-                                                                       tmp_path: Path) -> None:
+# site -> the venv whose hpcvod submits (its Python runs the ranks; the worker appends torch's site-packages)
+SITES = {"slurm-sandbox": REPO / ".venv", "slurm-sandbox-intelmpi": REPO / ".venvs" / "impi",
+         "slurm-sandbox-openmpi": REPO / ".venvs" / "openmpi"}
+
+
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_a_lost_node_restarts_the_world_on_the_other_and_it_grows_back(slurm_cluster: Cluster, tmp_path: Path,
+                                                                       site: str) -> None:
+    venv = SITES[site]
+    if not (venv / "bin" / "python").exists():
+        pytest.skip(f"no venv at {venv} (scripts/setup-venvs.sh creates it)")
     shutil.copy(WORKER, tmp_path / "train.py")
-    sub = hpcvod("submit", "--site", "slurm-sandbox", "--nodes", "2", "--tasks-per-node", "2", "--min-nodes", "1",
-                 "--env", "HPCVOD_ELASTIC_COOLDOWN_RANGE=2 3", "--env", f"HPCVOD_TEST_MODEL={MODEL}", "train.py",
-                 str(EPOCHS), str(SLEEP), cwd=tmp_path)
+    sub = hpcvod("submit", "--site", site, "--nodes", "2", "--tasks-per-node", "2", "--min-nodes", "1",
+                 "--env", "HPCVOD_ELASTIC_COOLDOWN_RANGE=2 3", "--env", f"HPCVOD_TEST_MODEL={MODEL}", "--env",
+                 f"HPCVOD_TEST_TORCH_SITE={_torch_site()}", "train.py", str(EPOCHS), str(SLEEP), cwd=tmp_path,
+                 venv=venv)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     job, job_dir = submitted(sub)
     wait_for_status(job, tmp_path, {"RUNNING"}, timeout=120)

@@ -29,6 +29,16 @@ CASES = {"slurm-sandbox-mpirun": (2, 0, 2, 1), "pbs-ib-openmpi": (4, 4, None, 3)
 RESTARTING = {"slurm-sandbox"}   # MPICH under srun: the script runs the elastic driver (launchers/elastic_batch.py)
 
 
+@pytest.mark.parametrize("site", ["slurm-sandbox-intelmpi", "slurm-sandbox-openmpi"])
+def test_every_flavour_started_by_srun_restarts_its_world(site: str) -> None:
+    """Intel MPI (no ULFM) and Open MPI under srun (whose pmix plugin ends the step at a failure) restart too."""
+    site_ = load_site(site, environ=NO_USER_CONFIG)
+    spec = JobSpec(program="train.py", args=(), nodes=2, gpus_per_node=0, tasks_per_node=2, min_nodes=1)
+    plan = resolve(spec, site_, golden_host("openmpi", gpus=0), ["hpcvod", "submit"])
+    assert plan.elastic_restart and plan.launch_argv[1:4] == ("-m", "hpcvod.launchers.elastic_batch", "--nodes")
+    assert "srun" in plan.launch_argv and "--with-ft" not in plan.launch_argv
+
+
 def rendered(site_name: str) -> str:
     nodes, gpus, tasks, least = CASES[site_name]
     site = load_site(site_name, environ=NO_USER_CONFIG)
@@ -78,9 +88,6 @@ def test_golden_elastic_scripts(golden_workdir: Path, site: str) -> None:
     (("--site", "pbs-roce-intelmpi", "--nodes", "2", "--min-nodes", "1"),
      "--min-nodes 1: site 'pbs-roce-intelmpi' runs intelmpi, which has no ULFM; its elastic batch jobs restart the "
      "world with srun inside a Slurm allocation, and this site uses pbs"),
-    (("--site", "slurm-sandbox-openmpi", "--nodes", "2", "--min-nodes", "1"),
-     "--min-nodes 1: site 'slurm-sandbox-openmpi' starts ranks with srun; an elastic job needs Open MPI's mpirun "
-     "(launcher.kind: mpirun): under srun, Slurm's pmix plugin ends the whole step"),
     (("--site", "sge-sandbox", "--min-nodes", "1"),
      "--min-nodes 1: site 'sge-sandbox': Grid Engine ends a parallel job when one of its hosts goes down"),
     (("--site", "local", "--min-nodes", "1"),
