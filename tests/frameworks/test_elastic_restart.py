@@ -9,6 +9,7 @@ The worker (workers/elastic_run_worker.py) commits every step; the committed his
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -177,3 +178,22 @@ def test_a_state_folder_others_can_read_is_refused_in_one_line(tmp_path):
     with pytest.raises(HpcvodConfigError, match=r"commit\(\): the state cannot be written for a restarted world"):
         store.write(FakeState())
     assert not (root / "h1" / "state").exists()
+
+
+def test_keras_fit_resumes_in_a_restarted_world_from_the_node_local_commit(tmp_path):
+    """KerasState (the model's and the optimizer's variables as NumPy arrays) through a restarted world: rank 2 dies
+    in the second of three epochs; the new world of 2 ranks loads the last commit and finishes the three."""
+    from frameworks_helpers import require_framework
+    require_framework("tensorflow")
+    worker = WORKERS / "keras_elastic_worker.py"
+    (tmp_path / "node").mkdir(mode=0o700)
+    hosts = ",".join(f"{h}:1" for h in HOSTS)
+    done = run_or_fail([str(Path(sys.prefix) / "bin" / "hpcvod"), "run", "-np", "3", "--min-np", "2", "-H", hosts,
+                        sys.executable, str(worker), str(tmp_path)], _env(tmp_path), LIMIT, "elastic keras restart")
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(results) == [0, 1], done.stderr[-4000:]
+    for start_rank, result in results.items():   # the new world's processes: one reset, seen once, no error
+        assert (result["size"], result["epoch"], result["resets"], result["errors"]) == (2, 3, [[start_rank, 2]], [])
+    assert results[0]["weights"] == results[1]["weights"]
+    assert "hpcvod: rank 0: elastic: world 1 of 2 ranks resumes from commit" in done.stderr
