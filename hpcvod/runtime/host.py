@@ -8,6 +8,7 @@ out-of-place collectives come from a pool of 2 MiB-aligned blocks (huge pages).
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -59,7 +60,7 @@ class ResultPool:
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
             owners = self._owners
             for i in range(len(owners) - 1, -1, -1):   # the most recently used first: warmest in cache
@@ -267,7 +268,7 @@ class HostOps:
         for j, h in enumerate(hs):
             a = h.tensor
             trailing = a.shape[1:]
-            per_row = int(np.prod(trailing, dtype=np.int64))
+            per_row = math.prod(trailing)
             counts = rows[:, j] * per_row
             displs = np.zeros_like(counts)
             np.cumsum(counts[:-1], out=displs[1:])
@@ -305,7 +306,7 @@ class HostOps:
         received = np.empty(self.size, np.int64)
         comm.Alltoall([splits, MPI.INT64_T], [received, MPI.INT64_T])
         trailing = a.shape[1:]
-        per_row = int(np.prod(trailing, dtype=np.int64))
+        per_row = math.prod(trailing)
         scounts = splits * per_row
         rcounts = received * per_row
         sdispl = np.zeros_like(scounts)
@@ -321,7 +322,7 @@ class HostOps:
         a = h.tensor
         base, extra = divmod(a.shape[0] if a.ndim else 1, self.size)
         rows = np.array([base + (1 if r < extra else 0) for r in range(self.size)], np.int64)
-        per_row = int(np.prod(a.shape[1:], dtype=np.int64))
+        per_row = math.prod(a.shape[1:])
         if h.prescale == 1.0:
             send = a
         else:

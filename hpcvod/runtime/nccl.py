@@ -21,6 +21,7 @@ reaches at the same point of the agreed order, so the collective set-up below is
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from typing import Any
 
@@ -270,7 +271,7 @@ class DeviceOps:
         nccl.groupStart()
         for k, (h, a, out) in enumerate(zip(hs, sends, outs)):
             rows = counts[:, k]
-            row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+            row_bytes = math.prod(a.shape[1:]) * a.itemsize
             if (rows == rows[0]).all():
                 comm.allGather(a.data.ptr, out.data.ptr, int(rows[0]) * row_bytes, nccl.NCCL_UINT8, h.stream)
             else:
@@ -299,7 +300,7 @@ class DeviceOps:
         a = h.tensor
         size, me = self.size, self.rank
         received = self._host_counts(h.splits)[:, me].copy()
-        row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+        row_bytes = math.prod(a.shape[1:]) * a.itemsize
         with self._stream(h.stream):
             out = cp.empty((int(received.sum()),) + a.shape[1:], a.dtype)
             send = cp.ascontiguousarray(a)
@@ -344,7 +345,7 @@ class DeviceOps:
             work.append((h, send, out, rows, extra, self._types(elem, h.sig.op)))
         nccl.groupStart()
         for h, send, out, rows, extra, (dtype, op) in work:
-            per_row = int(np.prod(send.shape[1:], dtype=np.int64))
+            per_row = math.prod(send.shape[1:])
             if extra == 0:
                 comm.reduceScatter(send.data.ptr, out.data.ptr, rows[0] * per_row, dtype, op, h.stream)
                 continue
