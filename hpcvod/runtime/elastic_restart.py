@@ -57,6 +57,9 @@ def _host_folder(host: str) -> str:
     if not root:
         raise HpcvodConfigError(f"{GENERATION_VARIABLE} is set but {STATE_DIR_VARIABLE} is not: the elastic driver "
                                 f"sets both (docs/elastic.md)")
+    if host in (".", "..") or "/" in host or "\0" in host:
+        raise HpcvodConfigError(f"elastic: host name {host!r} cannot name a folder of the state (a host name has no "
+                                f"'/' and is not '.' or '..')")
     folder = os.path.join(root, host or "host")
     for path in (root, folder):
         try:

@@ -162,6 +162,10 @@ def test_a_state_folder_others_can_read_is_refused_in_one_line(tmp_path):
         with pytest.raises(HpcvodConfigError, match=r"is not a folder of this user's that only they can read"):
             StateStore("h1", 0)
         os.chmod(root, 0o700)
+        for hostile in ("../outside", "..", "a/b"):   # a discovery script's name must not lead out of the folder
+            with pytest.raises(HpcvodConfigError, match=r"cannot name a folder of the state"):
+                StateStore(hostile, 0)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
         store = StateStore("h1", 0)
         assert stat.S_IMODE(os.stat(root / "h1").st_mode) == 0o700
     finally:
