@@ -62,10 +62,9 @@ def _run(argv: list[str]) -> str:
 def srun_world(base: list[str], tasks_per_node: int) -> driver.WorldStarter:
     """Each world: the rendered srun line narrowed to the world's hosts (see the module's docstring)."""
     def start(hosts: driver.HostSlots, np: int, env: dict[str, str]) -> subprocess.Popen:
-        import json
         argv = [*base, f"--nodes={len(hosts)}", f"--nodelist={','.join(host for host, _ in hosts)}",
                 f"--ntasks={np}", f"--ntasks-per-node={tasks_per_node}", "--no-kill", "--kill-on-bad-exit=0",
-                sys.executable, "-m", "hpcvod.runtime.elastic_start", "--", *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
+                *driver.rank_argv(env)]
         return subprocess.Popen(argv, env={**env, "HPCVOD_WORLD_SIZE": str(np)})
     return start
 

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, IO
 
+from hpcvod.runtime.elastic_link import RESET_LIMIT_EXCEEDED_MESSAGE
 from hpcvod.support.errors import UserError
 
 HostSlots = list[tuple[str, int]]
@@ -49,8 +50,6 @@ LINK_GRACE_SECONDS = 2.0   # after a world ends: a rank link still open then is 
 # horovodrun's default --elastic-timeout
 DEFAULT_ELASTIC_TIMEOUT = 600.0
 ADDED, REMOVED = 2, 1      # HostUpdateResult's flags (hpcvod/runtime/elastic.py)
-# Horovod's words (horovod/runner/elastic/constants.py), as the runtime prints them (hpcvod/runtime/elastic.py)
-RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,12 @@ def fixed_hosts(hosts: HostSlots) -> HostSource:
     return lambda: list(hosts)
 
 
+def rank_argv(env: dict[str, str]) -> list[str]:
+    """What each rank of a world runs: the job's program (``env``'s HPCVOD_ELASTIC_COMMAND) through
+    hpcvod.runtime.elastic_start, which sets Horovod's worker variables and becomes the program."""
+    return [sys.executable, "-m", "hpcvod.runtime.elastic_start", "--", *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
+
+
 def openmpi_world(mpirun: str, extra_args: list[str], is_root: bool, folder: str) -> WorldStarter:
     """Start the first world with Open MPI's mpirun and its fault tolerance (ULFM), filling the hosts' slots in
     order (the hostfile names each host once per slot, so that names of one machine add up)."""
@@ -131,8 +136,7 @@ def openmpi_world(mpirun: str, extra_args: list[str], is_root: bool, folder: str
         for name in sorted(env):
             if name.startswith(("HPCVOD_", "HOROVOD_")):
                 argv += ["-x", name]
-        argv += [*extra_args, sys.executable, "-m", "hpcvod.runtime.elastic_start", "--",
-                 *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
+        argv += [*extra_args, *rank_argv(env)]
         # spawned ranks read these too: fault tolerance for every job of this mpirun, and a finalize that does not
         # wait for dead ranks (hpcvod/jobs/elastic.py measured it: survivors hang in MPI_Finalize's fence)
         return subprocess.Popen(argv, env={**env, "OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_async_mpi_finalize": "1"})
@@ -318,8 +322,7 @@ def hydra_world(mpiexec: str, extra_args: list[str]) -> WorldStarter:
     MPI_Finalize, and exited 141 or 243 in about one run in three where every rank had finished: measured)."""
     def start(hosts: HostSlots, np: int, env: dict[str, str]) -> subprocess.Popen:
         argv = [mpiexec, "-n", str(np), "-hosts",
-                ",".join(f"{host}:{slots}" for host, slots in hosts), *extra_args,
-                sys.executable, "-m", "hpcvod.runtime.elastic_start", "--", *json.loads(env["HPCVOD_ELASTIC_COMMAND"])]
+                ",".join(f"{host}:{slots}" for host, slots in hosts), *extra_args, *rank_argv(env)]
         return subprocess.Popen(argv, env=env)
     return start
 

@@ -41,8 +41,7 @@ from .errors import (HostsUpdatedInterrupt, HpcvodConfigError, HpcvodError, Hpcv
                      HpcvodStallError, HpcvodWorldSizeError)
 from .world import mpi_flavour
 
-# Horovod's own words (horovod/runner/elastic/constants.py), since scripts and tests match them
-RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+RESET_LIMIT_EXCEEDED_MESSAGE = elastic_link.RESET_LIMIT_EXCEEDED_MESSAGE
 RESET_LIMIT = number("ELASTIC_RESET_LIMIT", 0, 1 << 31, "resets", whole=True, note="0 = no limit")
 
 # Raised by this rank's own mistakes, not by a broken world: a reset would only repeat them.

@@ -30,6 +30,9 @@ COMMAND_VARIABLE = "HPCVOD_ELASTIC_COMMAND"  # JSON list: the program every rank
 RESTART_VARIABLE = "HPCVOD_ELASTIC_RESTART"  # the world's generation when the driver restarts worlds
 JOIN_VARIABLE = "HPCVOD_ELASTIC_JOIN"        # set in a rank spawned into a running world: merge with it at init
 CONNECT_SECONDS = 30.0
+# Horovod's words (horovod/runner/elastic/constants.py), since scripts and tests match them; printed by the runtime
+# (ULFM resets) and by the driver (restarted worlds)
+RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 joined_world_hosts: list[str] = []   # in a spawned rank: each rank's host in the world it joined
 
 
