@@ -105,6 +105,12 @@ def worker(args: argparse.Namespace) -> None:
         import hpcvod.torch as hvd
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
+    elif args.worker == "alone":
+        # The ceiling of any data-parallel library here: every rank runs the same steps, nothing is exchanged
+        # (the ranks still share the machine's cores and memory bandwidth, as in the other two).
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        rank, size = world.Get_rank(), world.Get_size()
     else:
         import torch.distributed as dist
         rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
@@ -117,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.worker == "hpcvod":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    else:
+    elif args.worker == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     data, target = synthetic_batch(args.model, args.batch_size, device)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -130,6 +136,8 @@ def worker(args: argparse.Namespace) -> None:
     def barrier() -> None:
         if args.worker == "hpcvod":
             hvd.barrier()
+        elif args.worker == "alone":
+            world.Barrier()
         else:
             dist.barrier()
 
@@ -153,7 +161,7 @@ def worker(args: argparse.Namespace) -> None:
         print_result(rates, sum(p.numel() for p in model.parameters()))
     if args.worker == "hpcvod":
         hvd.shutdown()
-    else:
+    elif args.worker == "ddp":
         dist.destroy_process_group()
 
 
@@ -182,7 +190,7 @@ def main() -> None:
     parser.add_argument("--batches-per-iter", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of all three runs")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where model and batches live")
-    parser.add_argument("--worker", choices=["hpcvod", "ddp"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["hpcvod", "ddp", "alone"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
