@@ -24,6 +24,15 @@ def test_bench_allreduce_prints_every_target_beside_its_raw_reference() -> None:
     assert "16 MiB" not in out, "--max-mib 0.004 must stop at 4 KiB"
 
 
+def test_probe_call_path_times_every_piece_of_the_call() -> None:
+    proc = launch(2, BENCHMARKS / "probe_call_path.py", "--kib", "4", "--rounds", "1", "--calls", "20",
+                  timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    arms = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith(" ")]
+    assert arms[-6:] == ["raw", "+negotiation", "handle+neg", "solo+executor", "lane.run", "allreduce_"], proc.stdout
+    assert "off the chain: +negotiation after" in proc.stdout, proc.stdout
+
+
 def _result(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, stdout[-2000:]
