@@ -39,11 +39,16 @@ def launch(script: str, system: str, n: int, worker_args: list[str], root: Path 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCVOD_", "HOROVOD_", "PMI_", "OMPI_"))}
     env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(root))
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
+    results = results_in(proc.stdout)
+    if proc.returncode != 0 or not results:
         raise SystemExit(f"{system} on {n} ranks failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
                          f"{proc.stderr[-4000:]}")
-    return json.loads(lines[0][len(RESULT_TAG):])
+    return results[0]
+
+
+def results_in(stdout: str) -> list[dict]:
+    """Every ``RESULT`` line of a worker's output, parsed (rank 0 prints one)."""
+    return [json.loads(line[len(RESULT_TAG):]) for line in stdout.splitlines() if line.startswith(RESULT_TAG)]
 
 
 def interleaved(script: str, configs: list[tuple[str, int]], worker_args: list[str],

@@ -25,19 +25,11 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 import hpcvod.runtime as hvd
+from bench_allreduce import buffer   # the same 2 MiB-aligned arrays as the benchmark (run from benchmarks/)
 from hpcvod.runtime import reduction
-
-
-def aligned(count: int) -> np.ndarray:
-    owner = np.empty(count * 4 + (2 << 20), np.uint8)
-    start = (-owner.ctypes.data) % (2 << 20)
-    out = owner[start:start + count * 4].view(np.float32)
-    out[...] = 1.0
-    return out
 
 
 def main() -> None:
@@ -52,7 +44,7 @@ def main() -> None:
     ps = hvd.global_process_set
     lane = ps._lane
     comm = lane.comm                                   # the lane's communicator for every arm
-    a = aligned(args.kib * 256)
+    a = buffer(args.kib * 256)
     word = bytearray(8)
     sum_, in_place, byte, bor = MPI.SUM, MPI.IN_PLACE, MPI.BYTE, MPI.BOR
     host_one = lane.executors.host.allreduce_one

@@ -4,12 +4,14 @@ someone needs its figures."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import subprocess
+import sys
 
 from frameworks_helpers import ROOT, launch, require_framework
 
 BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+from _synthetic_driver import results_in  # noqa: E402  (the benchmarks' own parser of a worker's result)
 
 
 def test_bench_allreduce_prints_every_target_beside_its_raw_reference() -> None:
@@ -33,12 +35,6 @@ def test_probe_call_path_times_every_piece_of_the_call() -> None:
     assert "off the chain: +negotiation after" in proc.stdout, proc.stdout
 
 
-def _result(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, stdout[-2000:]
-    return json.loads(lines[0][len("RESULT "):])
-
-
 def test_torch_synthetic_workers_run_with_and_without_the_exchange() -> None:
     """``--worker alone`` (the no-exchange ceiling of bench_training_vs_peers) and ``--worker hpcvod`` train the
     same model and report a throughput."""
@@ -48,14 +44,14 @@ def test_torch_synthetic_workers_run_with_and_without_the_exchange() -> None:
     for system in ("alone", "hpcvod"):
         proc = launch(2, BENCHMARKS / "bench_torch_synthetic.py", "--worker", system, *args, timeout=180)
         assert proc.returncode == 0, f"{system}: {proc.stderr[-4000:]}"
-        results[system] = _result(proc.stdout)
+        found = results_in(proc.stdout)
+        assert len(found) == 1, proc.stdout[-2000:]
+        results[system] = found[0]
     assert results["alone"]["params"] == results["hpcvod"]["params"] > 0
     assert all(r["per_rank"] > 0 for r in results.values()), results
 
 
 def test_bench_training_vs_peers_refuses_an_unknown_model() -> None:
-    import subprocess
-    import sys
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_training_vs_peers.py"), "--models", "resnet"],
                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
     assert proc.returncode == 2 and "invalid choice: 'resnet'" in proc.stderr, proc.stderr
