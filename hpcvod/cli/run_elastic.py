@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, hosts: list[tuple[str, int]] | None, mpi: Any,
         source = driver.fixed_hosts([("localhost", args.np or args.min_np)])
     timeout = args.elastic_timeout
     if timeout is None:
-        timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", driver.DEFAULT_ELASTIC_TIMEOUT))
+        timeout = driver.elastic_timeout_from(os.environ)
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None:
         raise UserError("elastic hpcvod run: give -np or --min-np")

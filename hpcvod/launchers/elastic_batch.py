@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     try:
         settings = driver.ElasticSettings(
             min_np=args.min_nodes * args.tasks_per_node, max_np=args.nodes * args.tasks_per_node,
-            elastic_timeout=float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", driver.DEFAULT_ELASTIC_TIMEOUT)),
+            elastic_timeout=driver.elastic_timeout_from(os.environ),
             cooldown_range=_cooldown(os.environ.get("HPCVOD_ELASTIC_COOLDOWN_RANGE")), discovery_interval=5.0)
         env = {name: value for name, value in os.environ.items() if name != "HPCVOD_WORLD_SIZE"}
         return driver.run_elastic(slurm_hosts(args.tasks_per_node), settings, program,

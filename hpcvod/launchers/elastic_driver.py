@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, IO
 
@@ -61,6 +62,17 @@ class ElasticSettings:
     reset_limit: int | None = None
     cooldown_range: tuple[int, int] | None = None
     discovery_interval: float = 1.0
+
+
+def elastic_timeout_from(env: Mapping[str, str]) -> float:
+    """``HOROVOD_ELASTIC_TIMEOUT`` (seconds, horovodrun's default for --elastic-timeout), else 600 s."""
+    text = env.get("HOROVOD_ELASTIC_TIMEOUT")
+    if text is None:
+        return DEFAULT_ELASTIC_TIMEOUT
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"HOROVOD_ELASTIC_TIMEOUT={text!r}: expected a time in seconds") from None
 
 
 def check_settings(settings: ElasticSettings) -> None:

@@ -213,6 +213,13 @@ def test_bad_elastic_flags_are_one_line(tmp_path, flags, line):
     assert done.returncode == 2 and done.stderr.strip() == f"hpcvod: error: {line}", done.stderr
 
 
+def test_a_horovod_elastic_timeout_that_is_no_number_is_one_line(tmp_path):
+    done = subprocess.run(_argv(tmp_path, ["--min-np", "1"], "fixed"),
+                          env={**_env(), "HOROVOD_ELASTIC_TIMEOUT": "soon"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "hpcvod: error: HOROVOD_ELASTIC_TIMEOUT='soon': expected a time in seconds"
+
+
 def test_discovery_script_failing_at_the_start_is_one_line(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho 'no inventory here' >&2\nexit 3\n")

@@ -122,3 +122,22 @@ def test_the_python_api_takes_min_nodes() -> None:
     assert "#PBS -W tolerate_node_failures=all" in script and " --with-ft ulfm " in script
     with pytest.raises(UserError, match=r"^--min-nodes 3: more than the job's --nodes 2; expected 1 to 2$"):
         HpcvodExecutor(site="pbs-ib-openmpi", nodes=2, gpus_per_node=4, min_nodes=3)._make_submission_file_text("", "")
+
+
+@pytest.mark.parametrize("name,value,line", [
+    ("HOROVOD_ELASTIC_TIMEOUT", "soon", "HOROVOD_ELASTIC_TIMEOUT='soon': expected a time in seconds"),
+    ("HPCVOD_ELASTIC_COOLDOWN_RANGE", "60", "HPCVOD_ELASTIC_COOLDOWN_RANGE='60': expected two numbers of seconds, "
+                                            "`MIN MAX`"),
+])
+def test_the_elastic_batch_driver_refuses_bad_settings_in_one_line(monkeypatch, capsys, name: str, value: str,
+                                                                    line: str) -> None:
+    """Before any world starts (and before Slurm is asked for hosts): exit 2, one line."""
+    from hpcvod.launchers import elastic_batch
+
+    for unset in ("HOROVOD_ELASTIC_TIMEOUT", "HPCVOD_ELASTIC_COOLDOWN_RANGE"):
+        monkeypatch.delenv(unset, raising=False)
+    monkeypatch.setenv(name, value)
+    code = elastic_batch.main(["--nodes", "2", "--min-nodes", "1", "--tasks-per-node", "1", "--", "srun", "--",
+                               "python", "train.py"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == f"hpcvod: {line}"
